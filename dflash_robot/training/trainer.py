@@ -1,0 +1,139 @@
+"""The training loop: frozen target features, the block objective, AdamW with warm-up + cosine.
+
+Target features are computed with one no-grad target forward per sequence, and optionally
+kept in memory (`cache_features=True`) so later epochs skip the target; see docs/TRAINING.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..draft import DFlashDraft
+from . import objective
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    total_steps: int = 1000
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+    blocks_per_seq: int = 64
+    seed: int = 0
+    bf16_autocast: bool = False
+
+
+def target_features(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+    """input_ids [S] -> features [S, n*H] = concat(hidden_states[id + 1]) (no grad)."""
+    with torch.no_grad():
+        out = model(input_ids=input_ids[None], output_hidden_states=[i + 1 for i in layer_ids],
+                    use_cache=False, logits_to_keep=1)
+        return torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+def lr_lambda(cfg: OptimConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        t = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+    return f
+
+
+class DraftTrainer:
+    """Trains `draft` against a frozen `target` (a transformers causal LM)."""
+
+    def __init__(self, target: nn.Module, draft: DFlashDraft, cfg: OptimConfig,
+                 ddp_module: nn.Module | None = None, cache_features: bool = False):
+        self.target = target.eval().requires_grad_(False)
+        self.draft = draft.train()
+        self.module = ddp_module or draft  # the module whose forward is called (DDP wrapper or draft)
+        self.cfg = cfg
+        self.embed = target.get_input_embeddings().weight
+        self.head = target.get_output_embeddings()
+        self.opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     betas=(0.9, 0.95))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.step = 0
+        self.cache_features = cache_features
+        self.feature_cache: dict[object, torch.Tensor] = {}
+
+    def features(self, input_ids: torch.Tensor, key: object | None) -> torch.Tensor:
+        """Target features of a sequence, from the in-memory cache when `key` was seen before."""
+        if key is not None and key in self.feature_cache:
+            return self.feature_cache[key]
+        feats = target_features(self.target, input_ids, self.draft.metadata.target_layer_ids)
+        if key is not None and self.cache_features:
+            self.feature_cache[key] = feats
+        return feats
+
+    def sequence_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One sequence -> (weighted CE sum, weight sum, expected acceptance) ."""
+        meta = self.draft.metadata
+        q = meta.training_block_size
+        anchors = objective.sample_anchors(loss_mask, self.cfg.blocks_per_seq, self.gen).to(input_ids.device)
+        if anchors.numel() == 0:
+            zero = self.draft.fc.weight.sum() * 0
+            return zero, zero.detach(), torch.tensor(float("nan"))
+        feats = self.features(input_ids, key)
+        ids, pos, labels, weights = objective.block_inputs(
+            input_ids, loss_mask, anchors, q, meta.mask_token_id, meta.loss_decay)
+        mask = objective.block_mask(anchors, input_ids.shape[0], q)[None, None]
+        noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
+        ctx_pos = torch.arange(input_ids.shape[0], device=input_ids.device)[None]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+            hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
+            keep = weights > 0
+            logits = self.draft.logits(hidden[keep], self.head)
+        loss_sum, w_sum = objective.weighted_cross_entropy(logits, labels[keep], weights[keep])
+        with torch.no_grad():
+            top1 = torch.zeros_like(labels, dtype=torch.bool)
+            top1[keep] = logits.argmax(-1) == labels[keep]
+            correct = (top1 | ~(pos < input_ids.shape[0])).view(-1, q)[:, 1:]
+            acc = objective.expected_acceptance(correct)
+        return loss_sum, w_sum, acc
+
+    def train_step(self, batch: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                   keys: Sequence[object] | None = None) -> dict[str, float]:
+        """One optimiser step over `batch` (a list of (input_ids [S], loss_mask [S])).
+
+        `keys` (one per sequence) enable the in-memory feature cache."""
+        self.opt.zero_grad(set_to_none=True)
+        batch = list(batch)
+        total_w = sum(float(m[1:].sum()) for _, m in batch) or 1.0
+        losses, accs = [], []
+        for k, (ids, m) in enumerate(batch):
+            loss_sum, w_sum, acc = self.sequence_loss(ids, m, None if keys is None else keys[k])
+            (loss_sum / total_w).backward()
+            losses.append(float(loss_sum.detach()) / max(float(w_sum), 1e-9))
+            if not math.isnan(float(acc)):
+                accs.append(float(acc))
+        gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        return {"loss": sum(losses) / len(losses), "tau_est": sum(accs) / len(accs) if accs else float("nan"),
+                "grad_norm": float(gnorm), "lr": self.sched.get_last_lr()[0]}
+
+    def state_dict(self) -> dict:
+        return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(), "gen": self.gen.get_state(), "step": self.step,
+                "cfg": asdict(self.cfg)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.draft.load_state_dict(state["draft"])
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+        self.gen.set_state(state["gen"])
+        self.step = int(state["step"])

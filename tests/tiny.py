@@ -1,0 +1,116 @@
+"""Tiny models the tests build themselves: targets of several families, taught a simple
+language so that greedy outputs are predictable, and drafts trained a little against them."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from dflash_robot.draft import DFlashDraft, build_draft
+from dflash_robot.training.trainer import DraftTrainer, OptimConfig
+
+VOCAB = 64
+MASK = VOCAB - 1
+SLIDING_WINDOW = 8  # Gemma 3 tests use prompts longer than this
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+               bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+
+
+def make_config(family: str):
+    if family == "llama":
+        return LlamaConfig(**_COMMON)
+    if family == "mistral":
+        return MistralConfig(**_COMMON, sliding_window=None)
+    if family == "qwen3":
+        return Qwen3Config(**_COMMON, head_dim=8)
+    if family == "gemma3":
+        return Gemma3TextConfig(**_COMMON, head_dim=8, sliding_window=SLIDING_WINDOW,
+                                layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                                final_logit_softcapping=None, attn_logit_softcapping=None)
+    raise ValueError(family)
+
+
+_MODELS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen3": Qwen3ForCausalLM,
+           "gemma3": Gemma3ForCausalLM}
+
+
+def language(n: int, length: int, seed: int) -> torch.Tensor:
+    """Sequences that mostly follow a fixed random successor table, with some noise."""
+    g = torch.Generator().manual_seed(seed)
+    succ = torch.randperm(VOCAB - 1, generator=torch.Generator().manual_seed(1234))
+    x = torch.empty(n, length, dtype=torch.long)
+    x[:, 0] = torch.randint(0, VOCAB - 1, (n,), generator=g)
+    for t in range(1, length):
+        nxt = succ[x[:, t - 1]]
+        noise = torch.rand(n, generator=g) < 0.15
+        x[:, t] = torch.where(noise, torch.randint(0, VOCAB - 1, (n,), generator=g), nxt)
+    return x
+
+
+@functools.cache
+def taught_target(family: str, seed: int = 0):
+    """A tiny target of `family`, trained for a few seconds on `language`. Eval mode, fp32."""
+    torch.manual_seed(seed)
+    model = _MODELS[family](make_config(family))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = language(256, 24, seed)
+    for step in range(60):
+        batch = data[(step * 16) % 256:(step * 16) % 256 + 16]
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The target's own greedy decoding, recomputing the whole sequence each token (no cache)."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB - 1, (length,), generator=g).tolist()
+
+
+@functools.cache
+def trained_draft(family: str, block_size: int = 16, steps: int = 120, num_layers: int = 2) -> DFlashDraft:
+    """A draft trained a little on the target's own greedy continuations."""
+    model = taught_target(family)
+    seqs = []
+    for i in range(24):
+        prompt = random_prompt(6, 100 + i)
+        ids = torch.tensor(prompt + plain_greedy_cached(family, tuple(prompt), 40))
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[len(prompt):] = True
+        seqs.append((ids, mask))
+    torch.manual_seed(0)
+    draft = build_draft(model.config, num_layers, block_size, mask_token_id=MASK)
+    trainer = DraftTrainer(model, draft, OptimConfig(lr=3e-3, warmup_steps=10, total_steps=steps,
+                                                     blocks_per_seq=16))
+    for s in range(steps):
+        trainer.train_step(seqs[(s * 4) % 24:(s * 4) % 24 + 4])
+    return draft.eval().requires_grad_(False)
+
+
+@functools.cache
+def plain_greedy_cached(family: str, prompt: tuple[int, ...], n: int) -> list[int]:
+    return plain_greedy(taught_target(family), list(prompt), n)
