@@ -63,3 +63,27 @@ def ifbench() -> list[str]:
 def load_all_eval_prompts() -> list[str]:
     turns = [t for conv in mtbench() for t in conv]
     return humaneval() + gsm8k() + aime25() + turns + ifbench()
+
+
+# z-lab's prompt formats (dflash/benchmark.py), applied as the user turn of the chat template.
+FORMATS = {
+    "humaneval": lambda p: ("Write a solution to the following problem and make sure that it passes the tests:\n"
+                            f"```python\n{p}\n```"),
+    "gsm8k": lambda q: f"{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+    "aime25": lambda q: f"{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+}
+LOADERS = {"humaneval": humaneval, "gsm8k": gsm8k, "aime25": aime25}
+
+
+def formatted_prompts(name: str, limit: int | None = None, seed: int = 0) -> list[str]:
+    """A deterministic subset: a seeded shuffle of the whole set, then the first `limit`."""
+    import random
+
+    if name not in LOADERS:
+        raise KeyError(f"unknown dataset {name!r}; choose from {sorted(LOADERS)}")
+    rows = LOADERS[name]()
+    if not rows:
+        raise RuntimeError(f"dataset {name} is not installed (see docs/BENCHMARKS.md for its package)")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    return [FORMATS[name](rows[i]) for i in order[:limit]]

@@ -125,16 +125,21 @@ def draft_config_dict(draft: DFlashDraft) -> dict[str, Any]:
     return cfg
 
 
-def save_draft(draft: DFlashDraft, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json and model.safetensors in z-lab's format."""
-    path = Path(path)
+def ensure_writable_dir(path: Path) -> None:
+    """Create `path` if needed and prove a file can be written there, or raise ConfigError."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write_test"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise DraftLoadError(f"cannot write the draft to {path}: {e}") from e
+        raise ConfigError(f"output directory {path} is not writable: {e}") from e
+
+
+def save_draft(draft: DFlashDraft, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json and model.safetensors in z-lab's format."""
+    path = Path(path)
+    ensure_writable_dir(path)
     state = {k: (v.to(dtype) if dtype else v).contiguous().cpu()
              for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
     tmp = path / (WEIGHTS_NAME + ".tmp")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .config import GenerationConfig, SamplingConfig
-from .errors import DFlashError
+from .errors import ConfigError, DFlashError
 
 
 def _int_list(text: str) -> list[int]:
@@ -66,9 +66,12 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-def stop_ids(tokenizer: Any, model_config: Any, extra: list[int] | None) -> tuple[int, ...]:
+def stop_ids(tokenizer: Any, model: Any, extra: list[int] | None) -> tuple[int, ...]:
+    """Extra ids plus every EOS the tokenizer, the model config and its generation config name."""
     ids = set(extra or [])
-    for src in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+    for src in (getattr(tokenizer, "eos_token_id", None),
+                getattr(getattr(model, "config", None), "eos_token_id", None),
+                getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
         if isinstance(src, int):
             ids.add(src)
         elif isinstance(src, (list, tuple)):
@@ -79,16 +82,20 @@ def stop_ids(tokenizer: Any, model_config: Any, extra: list[int] | None) -> tupl
 def cmd_generate(args: argparse.Namespace) -> int:
     from .loading import DFlashRuntime
 
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.input_ids is not None and not args.input_ids:
+        raise ConfigError("--input-ids is empty; give at least one token id, e.g. --input-ids 1,2,3")
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)  # validates early
     rt = DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
                             device=args.device, no_draft=args.block_size == 1 and args.draft is None)
-    prompt = args.input_ids if args.input_ids else encode_prompt(rt.tokenizer, args.prompt,
+    prompt = args.input_ids if args.input_ids is not None else encode_prompt(rt.tokenizer, args.prompt,
                                                                  not args.no_chat_template)
-    model_cfg = rt.target.config if hasattr(rt.target, "config") else None
+    stops = stop_ids(rt.tokenizer, getattr(rt.target, "model", None), args.stop_token_ids)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                           sampling=sampling, stop_token_ids=stop_ids(rt.tokenizer, model_cfg, args.stop_token_ids),
+                           sampling=sampling, stop_token_ids=stops,
                            seed=args.seed, verify_mode=args.verify_mode)
     if args.json:
         res = rt.orchestrator.generate(prompt, cfg)

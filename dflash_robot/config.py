@@ -83,6 +83,8 @@ class DraftMetadata:
     def from_config_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> DraftMetadata:
         """Read the metadata from a z-lab style `config.json` dict."""
         dflash = cfg.get("dflash_config") or {}
+        if not isinstance(dflash, dict):
+            raise ConfigError(f"{source}: dflash_config must be a JSON object, got {type(dflash).__name__}")
 
         def pick(name: str, default: Any = None) -> Any:
             return dflash.get(name, cfg.get(name, default))
@@ -182,3 +184,7 @@ class GenerationConfig:
             raise ConfigError(f"verify_mode must be 'batched' or 'sequential', got {self.verify_mode!r}")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ConfigError(f"block_size must be an integer >= 1, got {self.block_size!r}")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")

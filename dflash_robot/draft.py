@@ -78,9 +78,9 @@ class DraftKVCache:
 class DraftAttention(nn.Module):
     def __init__(self, config: Qwen3Config):
         super().__init__()
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_heads: int = config.num_attention_heads
+        self.num_kv_heads: int = config.num_key_value_heads or config.num_attention_heads
         bias = bool(getattr(config, "attention_bias", False))
         h, d = config.hidden_size, self.head_dim
         self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
@@ -163,6 +163,7 @@ class DFlashDraft(nn.Module):
     @property
     def shape(self) -> DraftShape:
         attn = self.layers[0].self_attn
+        assert isinstance(attn, DraftAttention)
         return DraftShape(self.config.hidden_size, len(self.layers), attn.num_kv_heads,
                           attn.head_dim, self.config.vocab_size, self.fc.in_features)
 

@@ -57,11 +57,27 @@ def _split_target_path(path: Path, gguf_file: str | None) -> tuple[Path, str | N
     return path, gguf_file
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """A torch device that exists here, or a ConfigError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"unknown device {device!r}: {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but CUDA is not available here")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {device!r} requested but MPS is not available here")
+    return dev
+
+
 def load_target_model(path: str | Path, gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
                       device: str = "cpu") -> tuple[Any, Any]:
     """-> (transformers causal LM in eval mode, tokenizer or None)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_device(device)
     directory, gguf = _split_target_path(Path(path), gguf_file)
     torch_dtype = parse_dtype(dtype)
     kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
@@ -70,7 +86,7 @@ def load_target_model(path: str | Path, gguf_file: str | None = None, dtype: str
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise TargetLoadError(f"could not load the target from {directory}"
                               f"{' / ' + gguf if gguf else ''}: {e}") from e
-    model = model.to(device=device, dtype=torch_dtype).eval()
+    model = model.to(device=device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     tokenizer = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
@@ -109,5 +125,6 @@ class DFlashRuntime:
         model, tok = load_target_model(target or default_target_path(), gguf_file, dtype, device)
         d = None
         if not no_draft:
+            check_device(device)
             d = load_draft(draft or DEFAULT_DRAFT, dtype=parse_dtype(dtype), device=device)
         return cls.from_models(model, d, tok)

@@ -16,6 +16,7 @@ One iteration, with q the block size and `last` the last committed token:
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,8 +39,8 @@ class StepEvent:
     tokens: list[int]
     acceptance_length: int | None  # accepted drafts + bonus, after the budget cap and stop cut
     block_size: int
-    draft_s: float
-    verify_s: float
+    draft_s: float  # host wall time; on an asynchronous device (CUDA) the draft/verify split is
+    verify_s: float  # approximate, since the loop adds no sync to measure it
     finish_reason: str | None = None  # "stop" | "length" | None while running
 
 
@@ -71,6 +72,8 @@ class GenerationResult:
 class RuntimeOrchestrator:
     def __init__(self, target: TargetAdapter, drafter: DraftAdapter | None = None,
                  prefill_chunk_size: int = 512):
+        if not isinstance(prefill_chunk_size, int) or prefill_chunk_size < 1:
+            raise ConfigError(f"prefill_chunk_size must be an integer >= 1, got {prefill_chunk_size!r}")
         self.target = target
         self.drafter = drafter
         self.prefill_chunk_size = prefill_chunk_size
@@ -96,12 +99,18 @@ class RuntimeOrchestrator:
             raise ConfigError("the prompt is empty; at least one token is needed")
         if int(ids.max()) >= tgt.vocab_size or int(ids.min()) < 0:
             raise ConfigError(f"prompt token ids must be in [0, {tgt.vocab_size})")
+        limit = getattr(tgt, "max_length", None)
+        # the last position ever verified is P + max_new_tokens - 1 (q <= remaining + 1)
+        if limit is not None and ids.numel() + cfg.max_new_tokens > limit:
+            raise ConfigError(f"request too long: {ids.numel()} prompt + {cfg.max_new_tokens} new tokens "
+                              f"exceeds the target's {limit} positions")
         if cfg.max_new_tokens == 0:
             return
         gen = torch.Generator(device=tgt.device)
-        gen.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
+        gen.manual_seed(cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**63))
         sampling = cfg.sampling
-        tap = self.drafter.metadata.target_layer_ids if policy.max_block_size > 1 else None
+        tap = self.drafter.metadata.target_layer_ids if self.drafter is not None and policy.max_block_size > 1 \
+            else None
         stops = torch.tensor(sorted(set(cfg.stop_token_ids)) or [-1], device=tgt.device)
 
         t0 = time.perf_counter()
@@ -121,7 +130,7 @@ class RuntimeOrchestrator:
         mask_id = self.drafter.metadata.mask_token_id if self.drafter is not None else 0
         while True:
             remaining = cfg.max_new_tokens - generated
-            q = min(policy.next_block_size(history), remaining + 1)
+            q = min(self._checked_block_size(policy, history), remaining + 1)
             t_start = time.perf_counter()
             block, draft_probs = self._draft(last, features, q, mask_id, sampling, gen)
             t_draft = time.perf_counter()
@@ -141,12 +150,22 @@ class RuntimeOrchestrator:
             generated += produced
             history.append(produced)
             if tap is not None:
-                features = vout.features[:produced]  # type: ignore[index]
+                new = vout.features[:produced]  # type: ignore[index]
+                # at q == 1 the draft did not run: keep the features it has not consumed yet
+                features = new if q > 1 else torch.cat([features, new])  # type: ignore[list-item]
             last = acc.tokens[produced - 1:produced]
             yield StepEvent(toks[:produced], produced, q, t_draft - t_start,
                             time.perf_counter() - t_draft, reason)
             if reason:
                 return
+
+    @staticmethod
+    def _checked_block_size(policy: BlockSizePolicy, history: list[int]) -> int:
+        q = policy.next_block_size(history)
+        if not isinstance(q, int) or not 1 <= q <= policy.max_block_size:
+            raise ConfigError(f"block-size policy {type(policy).__name__} returned {q!r}, outside "
+                              f"1..{policy.max_block_size}")
+        return q
 
     def _draft(self, last: torch.Tensor, features: torch.Tensor | None, q: int, mask_id: int,
                sampling: SamplingConfig, gen: torch.Generator
@@ -183,7 +202,7 @@ class RuntimeOrchestrator:
         sizes: list[int] = []
         ttft = draft_s = verify_s = 0.0
         reason = "length"
-        n_prompt = len(prompt_ids)
+        n_prompt = int(torch.as_tensor(prompt_ids).numel())
         for ev in self.stream(prompt_ids, cfg, policy):
             if ev.acceptance_length is None:
                 ttft = time.perf_counter() - t0

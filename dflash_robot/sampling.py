@@ -36,9 +36,14 @@ def sampling_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """probs [..., V] -> token ids [...] (int64), one draw per row."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    """probs [..., V] -> token ids [...] (int64), one exact draw per row.
+
+    argmax(p / E) with E ~ Exponential(1) i.i.d. is a draw from p (the Gumbel-max trick in
+    exponential form). Unlike `torch.multinomial` it never checks its input on the host, so
+    it adds no device sync.
+    """
+    e = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    return (probs.float() / e).argmax(dim=-1)
 
 
 def next_token(logits: torch.Tensor, cfg: SamplingConfig,

@@ -87,10 +87,11 @@ class HFTargetAdapter:
         self.config = cfg
         self.num_layers = int(cfg.num_hidden_layers)
         self.hidden_size = int(cfg.hidden_size)
-        emb = model.get_input_embeddings().weight
+        emb: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[assignment]
         self.vocab_size = int(emb.shape[0])
-        self.dtype = emb.dtype
-        self.device = emb.device
+        self.dtype: torch.dtype = emb.dtype
+        self.device: torch.device = emb.device
+        self.max_length: int | None = getattr(cfg, "max_position_embeddings", None)
         self._cache: DynamicCache | None = None
         self._len = 0
 
@@ -166,7 +167,7 @@ class HFTargetAdapter:
         self._len = length
 
     def input_embedding_weight(self) -> torch.Tensor:
-        return self.model.get_input_embeddings().weight
+        return self.model.get_input_embeddings().weight  # type: ignore[return-value]
 
     def output_head(self) -> nn.Module:
         head = self.model.get_output_embeddings()

@@ -131,3 +131,34 @@ def test_bad_prompts_and_budgets():
         list(rt.orchestrator.stream([], GenerationConfig(max_new_tokens=4)))
     with pytest.raises(ConfigError, match="prompt token ids"):
         list(rt.orchestrator.stream([1, 64], GenerationConfig(max_new_tokens=4)))
+
+
+def test_oversized_request():
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"))
+    with pytest.raises(ConfigError, match="request too long"):
+        list(rt.orchestrator.stream([1] * 1000, GenerationConfig(max_new_tokens=100, block_size=8)))
+
+
+def test_policy_out_of_range_is_refused():
+    class Bad:
+        max_block_size = 8
+
+        def next_block_size(self, history):
+            return 0
+
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"))
+    with pytest.raises(ConfigError, match="returned 0"):
+        list(rt.orchestrator.stream([1, 2], GenerationConfig(max_new_tokens=4), policy=Bad()))
+
+
+@pytest.mark.parametrize("kw,match", [(dict(stop_token_ids=(-1,)), "stop_token_ids"), (dict(seed=-5), "seed")])
+def test_generation_config_validation(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        GenerationConfig(**kw)
+
+
+def test_unavailable_device():
+    from dflash_robot.loading import check_device
+
+    with pytest.raises(ConfigError, match="not available|unknown device"):
+        check_device("cuda:0" if not torch.cuda.is_available() else "bogus")

@@ -37,11 +37,12 @@ def test_drafts_really_get_accepted(family):
     assert max(acc) >= 3 and sum(acc) / len(acc) > 1.2
 
 
-def test_mistral_target():
-    rt = runtime("mistral")
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_more_families(family):
+    rt = runtime(family)
     prompt = random_prompt(12, 3)
     res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=8))
-    assert res.token_ids == plain_greedy_cached("mistral", tuple(prompt), N)
+    assert res.token_ids == plain_greedy_cached(family, tuple(prompt), N)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
@@ -104,3 +105,30 @@ def test_runtime_is_reusable_across_requests():
     for prompt in (a, b, a):
         res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=8))
         assert res.token_ids == plain_greedy_cached("gemma3", tuple(prompt), N)
+
+
+def test_policy_switching_block_sizes_stays_lossless_and_keeps_context():
+    """A policy that alternates 1 and 16: the draft must still see every committed feature."""
+
+    class Alternate:
+        max_block_size = 16
+
+        def next_block_size(self, history):
+            return 1 if len(history) % 2 else 16
+
+    rt = runtime("llama")
+    drafter = rt.orchestrator.drafter
+    propose = drafter.propose
+    checked = []
+
+    def checking_propose(features, block):
+        # the block's first token sits right after everything the draft has seen as context
+        checked.append(drafter.context_length + features.shape[0] == rt.target.seq_len)
+        return propose(features, block)
+
+    drafter.propose = checking_propose
+    prompt = random_prompt(20, 1)
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N), policy=Alternate())
+    drafter.propose = propose
+    assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), N)
+    assert {1, 16} <= set(res.block_sizes) and len(checked) > 3 and all(checked)

@@ -47,10 +47,10 @@ def exact_joint(target, scfg: SamplingConfig) -> np.ndarray:
     return joint
 
 
-def empirical_joint(rt, scfg: SamplingConfig, n: int) -> np.ndarray:
+def empirical_joint(rt, scfg: SamplingConfig, n: int, block_size: int = 4) -> np.ndarray:
     counts = np.zeros((V,) * DEPTH)
     for seed in range(n):
-        cfg = GenerationConfig(max_new_tokens=DEPTH, block_size=4, sampling=scfg, seed=seed)
+        cfg = GenerationConfig(max_new_tokens=DEPTH, block_size=block_size, sampling=scfg, seed=seed)
         counts[tuple(rt.orchestrator.generate(PROMPT, cfg).token_ids)] += 1
     return counts
 
@@ -72,11 +72,14 @@ N_SAMPLES = 2000
 CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)]
 
 
-@pytest.mark.parametrize("scfg", CONFIGS, ids=["t1", "t0.8-k4-p0.9"])
-def test_joint_distribution_matches_target(tiny_pair, scfg):
+@pytest.mark.parametrize("scfg,block_size", [(CONFIGS[0], 4), (CONFIGS[1], 4), (CONFIGS[0], 2)],
+                         ids=["t1-b4", "t0.8-k4-p0.9-b4", "t1-b2"])
+def test_joint_distribution_matches_target(tiny_pair, scfg, block_size):
+    """Block 4 exercises rejections deep in a chain; block 2 also the bonus after a fully
+    accepted block (with 3 tokens and block 4 the budget always cuts a full block)."""
     target, draft = tiny_pair
     rt = DFlashRuntime.from_models(target, draft)
-    counts = empirical_joint(rt, scfg, N_SAMPLES)
+    counts = empirical_joint(rt, scfg, N_SAMPLES, block_size)
     assert chi2_pvalue(counts, exact_joint(target, scfg)) > 1e-3
 
 
@@ -110,6 +113,26 @@ def test_rejection_accept_single_position_distribution():
         res = rejection_accept(d, q, p, g)
         counts[int(res.tokens[0])] += 1
     assert chisquare(counts[:3], p[0, :3].numpy() * n).pvalue > 1e-3 and counts[3] == 0
+
+
+def test_bonus_after_all_accepted_follows_last_target_row():
+    """q == p makes every draft accepted; the bonus must then be a draw from p_{q-1}."""
+    g = torch.Generator().manual_seed(2)
+    p = torch.tensor([[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]])
+    counts = np.zeros(3)
+    for _ in range(20000):
+        d = sample_from(p[:1], g)
+        res = rejection_accept(d, p[:1], p, g)
+        assert int(res.num_accepted) == 1
+        counts[int(res.tokens[1])] += 1
+    assert chisquare(counts, p[1].numpy() * 20000).pvalue > 1e-3
+
+
+def test_sample_from_is_exact():
+    g = torch.Generator().manual_seed(3)
+    p = torch.tensor([0.05, 0.0, 0.7, 0.25])
+    counts = np.bincount(sample_from(p.expand(40000, 4), g).numpy(), minlength=4)
+    assert counts[1] == 0 and chisquare(counts[[0, 2, 3]], p[[0, 2, 3]].numpy() * 40000).pvalue > 1e-3
 
 
 def test_greedy_draft_onehot_is_also_lossless():

@@ -2,6 +2,7 @@
 
 import time
 
+import dflash.model as zm  # test dependency (scripts/test.sh): pip install --no-deps dflash==0.1.0
 import pytest
 import torch
 from tiny import random_prompt, taught_target, trained_draft
@@ -10,7 +11,6 @@ from dflash_robot.checkpoint import load_draft, save_draft
 from dflash_robot.config import GenerationConfig
 from dflash_robot.loading import DFlashRuntime
 
-zm = pytest.importorskip("dflash.model", reason="test dependency: pip install --no-deps dflash==0.1.0")
 zm._cuda_time = time.perf_counter  # the reference times with torch.cuda.synchronize
 
 

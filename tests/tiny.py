@@ -13,6 +13,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -34,6 +36,8 @@ def make_config(family: str):
         return LlamaConfig(**_COMMON)
     if family == "mistral":
         return MistralConfig(**_COMMON, sliding_window=None)
+    if family == "qwen2":
+        return Qwen2Config(**_COMMON)
     if family == "qwen3":
         return Qwen3Config(**_COMMON, head_dim=8)
     if family == "gemma3":
@@ -44,7 +48,7 @@ def make_config(family: str):
 
 
 _MODELS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen3": Qwen3ForCausalLM,
-           "gemma3": Gemma3ForCausalLM}
+           "qwen2": Qwen2ForCausalLM, "gemma3": Gemma3ForCausalLM}
 
 
 def language(n: int, length: int, seed: int) -> torch.Tensor:

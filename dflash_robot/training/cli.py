@@ -12,12 +12,13 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..checkpoint import load_draft, save_draft
+from ..checkpoint import ensure_writable_dir, load_draft, save_draft
 from ..draft import build_draft
 from ..errors import ConfigError, DFlashError
 from .data import generate_dataset, load_dataset
@@ -63,7 +64,7 @@ def choose_mask_token(tokenizer) -> int:  # type: ignore[no-untyped-def]
     if getattr(tokenizer, "mask_token_id", None) is not None:
         return int(tokenizer.mask_token_id)
     used = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+    chat: Any = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
                                          tokenize=True) if getattr(tokenizer, "chat_template", None) else []
     if hasattr(chat, "keys"):
         chat = chat["input_ids"]
@@ -74,16 +75,6 @@ def choose_mask_token(tokenizer) -> int:  # type: ignore[no-untyped-def]
     if not cands:
         raise ConfigError("no unused special token to serve as the mask token; pass --mask-token-id")
     return cands[-1]
-
-
-def _check_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"output directory {out} is not writable: {e}") from e
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -119,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    _check_writable(out)
+    ensure_writable_dir(out)
     model, tok = load_target_model(args.target or default_target_path(), args.gguf_file, args.dtype, args.device)
     data_dir = Path(args.data) if args.data else out / "data"
     if rank == 0 and not list(data_dir.glob("data-*.jsonl")) or (
@@ -130,6 +121,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                          args.gen_batch_size, seed=args.seed)
     if world > 1:
         dist.barrier()
+    if args.steps == 0:  # data only
+        print(f"training data in {data_dir}")
+        return 0
     samples = load_dataset(data_dir, args.max_len)
     holdout, train = samples[:args.holdout], samples[args.holdout:]
     if not train:

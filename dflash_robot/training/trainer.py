@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +53,7 @@ def lr_lambda(cfg: OptimConfig):
 class DraftTrainer:
     """Trains `draft` against a frozen `target` (a transformers causal LM)."""
 
-    def __init__(self, target: nn.Module, draft: DFlashDraft, cfg: OptimConfig,
+    def __init__(self, target: Any, draft: DFlashDraft, cfg: OptimConfig,
                  ddp_module: nn.Module | None = None, cache_features: bool = False):
         self.target = target.eval().requires_grad_(False)
         self.draft = draft.train()
@@ -124,7 +125,7 @@ class DraftTrainer:
         self.sched.step()
         self.step += 1
         return {"loss": sum(losses) / len(losses), "tau_est": sum(accs) / len(accs) if accs else float("nan"),
-                "grad_norm": float(gnorm), "lr": self.sched.get_last_lr()[0]}
+                "grad_norm": float(gnorm), "lr": float(self.sched.get_last_lr()[0])}
 
     def state_dict(self) -> dict:
         return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(),
