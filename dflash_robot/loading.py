@@ -125,6 +125,5 @@ class DFlashRuntime:
         model, tok = load_target_model(target or default_target_path(), gguf_file, dtype, device)
         d = None
         if not no_draft:
-            check_device(device)
             d = load_draft(draft or DEFAULT_DRAFT, dtype=parse_dtype(dtype), device=device)
         return cls.from_models(model, d, tok)

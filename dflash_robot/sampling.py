@@ -43,6 +43,7 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     it adds no device sync.
     """
     e = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    e.clamp_min_(torch.finfo(torch.float32).tiny)  # a 0 draw would make p/0 inf, or nan where p is 0
     return (probs.float() / e).argmax(dim=-1)
 
 
