@@ -12,12 +12,15 @@ from .errors import (
                      UnsupportedModelError,
 )
 from .orchestrator import GenerationResult, RuntimeOrchestrator, StepEvent
+from .policy import AdaptiveBlockSize, BlockSizePolicy, FixedBlockSize
 from .proposer import DFlashProposer, DraftAdapter
-from .target import CacheSnapshot, HFTargetAdapter, TargetAdapter, TargetOutput
+from .stateful import StatefulTargetAdapter
+from .target import CacheSnapshot, HFTargetAdapter, TargetAdapter, TargetOutput, make_target_adapter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveBlockSize", "BlockSizePolicy", "FixedBlockSize", "StatefulTargetAdapter", "make_target_adapter",
     "CacheSnapshot", "ConfigError", "DFlashDraft", "DFlashError", "DFlashProposer", "DraftAdapter",
     "DraftLoadError", "DraftMetadata", "GenerationConfig", "GenerationResult", "HFTargetAdapter",
     "IncompatibleDraftError", "RuntimeOrchestrator", "SamplingConfig", "StepEvent", "TargetAdapter",

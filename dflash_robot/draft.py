@@ -214,15 +214,17 @@ def build_draft(
     mask_token_id: int,
     intermediate_size: int | None = None,
     loss_decay: float | None = None,
+    num_heads: int | None = None,
 ) -> DFlashDraft:
     """A fresh, randomly initialised draft shaped for a target (dims copied from its config).
 
-    target_layer_ids follow z-lab's formula; the caller decides the mask token.
+    target_layer_ids follow z-lab's formula; the caller decides the mask token. A target
+    without attention heads (a pure SSM) gets `num_heads` (default hidden // 64, at least 1).
     """
     from .config import build_target_layer_ids, default_loss_decay
 
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    heads = tc.num_attention_heads
+    heads = num_heads or getattr(tc, "num_attention_heads", None) or max(1, tc.hidden_size // 64)
     rope = dict(getattr(tc, "rope_parameters", None) or {})
     theta = rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))
     config = Qwen3Config(
@@ -230,8 +232,9 @@ def build_draft(
         intermediate_size=intermediate_size or tc.intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
-        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
-        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        num_key_value_heads=(getattr(tc, "num_key_value_heads", None) or heads) if not num_heads else heads,
+        head_dim=(getattr(tc, "head_dim", None) or tc.hidden_size // heads) if not num_heads
+        else tc.hidden_size // heads,
         vocab_size=tc.vocab_size,
         rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
         max_position_embeddings=getattr(tc, "max_position_embeddings", 32768),

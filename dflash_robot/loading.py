@@ -15,7 +15,7 @@ from .draft import DFlashDraft
 from .errors import ConfigError, TargetLoadError
 from .orchestrator import RuntimeOrchestrator
 from .proposer import DFlashProposer
-from .target import HFTargetAdapter, TargetAdapter
+from .target import TargetAdapter, make_target_adapter
 from .validation import check_compatible
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -106,24 +106,38 @@ class DFlashRuntime:
 
     @classmethod
     def from_models(cls, target_model: Any, draft: DFlashDraft | None, tokenizer: Any = None,
-                    prefill_chunk_size: int = 512) -> DFlashRuntime:
-        target = HFTargetAdapter(target_model)
+                    prefill_chunk_size: int = 512, rollback: str | None = None,
+                    fast_linears: bool = False) -> DFlashRuntime:
+        """`rollback` picks the strategy for stateful (hybrid) targets: "replay" or
+        "capture" (None = the measured default); attention-only targets always crop.
+        `fast_linears` packs the fp32 CPU linears of both models for oneDNN, in place
+        (`fastpath.py`); off by default here because it changes the caller's modules."""
+        target = make_target_adapter(target_model, rollback)
         proposer = None
         if draft is not None:
             check_compatible(draft, target)
+        if fast_linears:
+            from .fastpath import pack_linears
+
+            pack_linears(target_model)
+            if draft is not None:
+                pack_linears(draft)
+        if draft is not None:
             proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head())
         return cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
 
     @classmethod
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, *,
              gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
-             device: str = "cpu", no_draft: bool = False) -> DFlashRuntime:
+             device: str = "cpu", no_draft: bool = False, rollback: str | None = None,
+             fast_linears: bool = True) -> DFlashRuntime:
         """Load target (default: SmolLM2-135M-Instruct GGUF) and draft (default: the shipped one).
 
         The draft is cast to the target's dtype; a draft that does not fit is refused.
+        `fast_linears` (default on) packs fp32 CPU linears for oneDNN; see `fastpath.py`.
         """
         model, tok = load_target_model(target or default_target_path(), gguf_file, dtype, device)
         d = None
         if not no_draft:
             d = load_draft(draft or DEFAULT_DRAFT, dtype=parse_dtype(dtype), device=device)
-        return cls.from_models(model, d, tok)
+        return cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears)

@@ -66,8 +66,27 @@ class TargetAdapter(Protocol):
     def output_head(self) -> nn.Module: ...
 
 
-def _is_stateful(model: PreTrainedModel) -> bool:
-    return bool(getattr(model, "_is_stateful", False))
+def _has_state_layers(model: PreTrainedModel) -> bool:
+    """Stateful by capability: the flag, or linear-attention/SSM layers in its cache."""
+    from .stateful import is_stateful
+
+    return is_stateful(model)
+
+
+def make_target_adapter(model: PreTrainedModel, rollback: str | None = None) -> TargetAdapter:
+    """The adapter for `model`, chosen by what its cache holds: attention-only targets get
+    `HFTargetAdapter`, targets with linear-attention/SSM states `StatefulTargetAdapter`
+    with the `rollback` strategy ("replay" or "capture"; None = the measured default).
+    Attention-only targets roll back by cropping, whatever `rollback` says."""
+    from .stateful import ROLLBACKS, StatefulTargetAdapter
+
+    if _has_state_layers(model):
+        return StatefulTargetAdapter(model, rollback)
+    if rollback is not None and rollback not in ROLLBACKS:
+        from .errors import ConfigError
+
+        raise ConfigError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
+    return HFTargetAdapter(model)
 
 
 class HFTargetAdapter:
@@ -78,10 +97,11 @@ class HFTargetAdapter:
     """
 
     def __init__(self, model: PreTrainedModel):
-        if _is_stateful(model):
+        if type(self) is HFTargetAdapter and _has_state_layers(model):
             raise UnsupportedModelError(
                 f"{type(model).__name__} is stateful (linear-attention/SSM layers); "
-                "HFTargetAdapter supports attention-only targets")
+                "HFTargetAdapter supports attention-only targets: use make_target_adapter() "
+                "or StatefulTargetAdapter")
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.model = model.eval()
         self.config = cfg

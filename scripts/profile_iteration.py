@@ -1,6 +1,7 @@
 """Measure the cost of each step of one DFlash iteration on a real target.
 
-Usage: python scripts/profile_iteration.py [--dtype bfloat16] [--block-size 16] [--context 256]
+Usage: python scripts/profile_iteration.py [--dtype float32] [--block-size 16] [--context 256]
+                                           [--fast-linears]
 Runs the same functions the orchestrator runs, timing each with perf_counter (CPU: synchronous).
 """
 
@@ -25,17 +26,19 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fast-linears", action="store_true", help="pack fp32 linears for oneDNN (fastpath.py)")
+    ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_target_model(default_target_path(), dtype=args.dtype)
     dtype = model.dtype
     try:
-        draft = load_draft(DEFAULT_DRAFT, dtype=dtype)
-        which = str(DEFAULT_DRAFT)
+        draft = load_draft(args.draft, dtype=dtype)
+        which = str(args.draft)
     except Exception:  # noqa: BLE001 - no shipped draft yet: timings do not depend on weights
         draft = build_draft(model.config, 2, 16, mask_token_id=16).to(dtype)
         which = "random 2-layer draft (same shape)"
-    rt = DFlashRuntime.from_models(model, draft, tok)
+    rt = DFlashRuntime.from_models(model, draft, tok, fast_linears=args.fast_linears)
     tgt, prop = rt.target, rt.orchestrator.drafter
     q, taps = args.block_size, draft.metadata.target_layer_ids
     prompt = torch.randint(100, 40000, (args.context,))
@@ -88,7 +91,8 @@ def main() -> None:
                       cache=cache, use_cache=True)
                 bare.append((time.perf_counter() - t) * 1e3)
         times[f"(bare transformers forward, q={qq}, no dflash-robot code)"] = bare
-    print(f"target: SmolLM2-135M-Instruct ({args.dtype}), draft: {which}, block {q}, "
+    print(f"target: SmolLM2-135M-Instruct ({args.dtype}, packed linears: {args.fast_linears}), draft: {which}, "
+          f"block {q}, "
           f"context {args.context}, {args.threads} threads, median of {args.iters}")
     total = 0.0
     for name, ts in times.items():

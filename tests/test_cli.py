@@ -57,3 +57,21 @@ def test_no_tokenizer_needs_input_ids(model_dirs, capsys):
     target, draft = model_dirs
     assert main(["generate", "hello", "--target", str(target), "--draft", str(draft)]) == 2
     assert "--input-ids" in capsys.readouterr().err
+
+
+def test_generate_adaptive(model_dirs, capsys, tmp_path):
+    target, draft = model_dirs
+    cache = tmp_path / "costs.json"
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "--input-ids", "1,2,3",
+                 "--max-new-tokens", "20", "--adaptive", "--cost-cache", str(cache), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == plain_greedy_cached("llama", (1, 2, 3), 40)[:20]
+    assert all(1 <= q <= 16 for q in out["block_sizes"])
+    assert len(json.loads(cache.read_text())) == 1  # the curve was measured once and cached
+
+
+def test_adaptive_and_block_size_conflict(model_dirs, capsys, tmp_path):
+    target, draft = model_dirs
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "--input-ids", "1,2",
+                 "--adaptive", "--block-size", "4", "--cost-cache", ""]) == 2
+    assert "--adaptive" in capsys.readouterr().err

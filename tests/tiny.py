@@ -32,6 +32,11 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidde
 
 
 def make_config(family: str):
+    if family in HYBRID_SPECS:
+        from transformers import AutoConfig
+
+        model_type, extra = HYBRID_SPECS[family]
+        return AutoConfig.for_model(model_type, **{**_COMMON, **extra})
     if family == "llama":
         return LlamaConfig(**_COMMON)
     if family == "mistral":
@@ -49,6 +54,22 @@ def make_config(family: str):
 
 _MODELS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen3": Qwen3ForCausalLM,
            "qwen2": Qwen2ForCausalLM, "gemma3": Gemma3ForCausalLM}
+
+# Hybrid (stateful) families: linear-attention / SSM layers mixed with attention layers.
+_LINEAR = dict(head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+               linear_value_head_dim=8, linear_conv_kernel_dim=4,
+               layer_types=["linear_attention", "linear_attention", "full_attention"] * 2)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+HYBRID_SPECS = {
+    "qwen3_5": ("qwen3_5_text", _LINEAR),
+    "qwen3_next": ("qwen3_next", {**_LINEAR, **_MOE}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", {**_LINEAR, **_MOE}),
+    "lfm2": ("lfm2", dict(layer_types=["conv", "conv", "full_attention"] * 2, block_ff_dim=64,
+                          block_auto_adjust_ff_dim=False, conv_L_cache=3)),
+    "mamba2": ("mamba2", dict(num_heads=4, head_dim=16, state_size=8, n_groups=1, expand=2, chunk_size=8,
+                              conv_kernel=4)),
+}
+HYBRID = tuple(HYBRID_SPECS)
 
 
 def language(n: int, length: int, seed: int) -> torch.Tensor:
@@ -68,7 +89,12 @@ def language(n: int, length: int, seed: int) -> torch.Tensor:
 def taught_target(family: str, seed: int = 0):
     """A tiny target of `family`, trained for a few seconds on `language`. Eval mode, fp32."""
     torch.manual_seed(seed)
-    model = _MODELS[family](make_config(family))
+    if family in HYBRID_SPECS:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(make_config(family))
+    else:
+        model = _MODELS[family](make_config(family))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = language(256, 24, seed)
     for step in range(60):
@@ -102,19 +128,48 @@ def trained_draft(family: str, block_size: int = 16, steps: int = 120, num_layer
     seqs = []
     for i in range(24):
         prompt = random_prompt(6, 100 + i)
-        ids = torch.tensor(prompt + plain_greedy_cached(family, tuple(prompt), 40))
+        if family in HYBRID_SPECS:  # cached greedy: the no-cache loop is slow on linear-attention kernels
+            with torch.no_grad():
+                ids = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, min_new_tokens=40,
+                                     attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0]
+        else:
+            ids = torch.tensor(prompt + plain_greedy_cached(family, tuple(prompt), 40))
         mask = torch.zeros_like(ids, dtype=torch.bool)
         mask[len(prompt):] = True
         seqs.append((ids, mask))
     torch.manual_seed(0)
     draft = build_draft(model.config, num_layers, block_size, mask_token_id=MASK)
     trainer = DraftTrainer(model, draft, OptimConfig(lr=3e-3, warmup_steps=10, total_steps=steps,
-                                                     blocks_per_seq=16))
+                                                     blocks_per_seq=16), cache_features=True)
     for s in range(steps):
-        trainer.train_step(seqs[(s * 4) % 24:(s * 4) % 24 + 4])
+        first = (s * 4) % 24
+        trainer.train_step(seqs[first:first + 4], keys=list(range(first, first + 4)))
     return draft.eval().requires_grad_(False)
 
 
 @functools.cache
 def plain_greedy_cached(family: str, prompt: tuple[int, ...], n: int) -> list[int]:
     return plain_greedy(taught_target(family), list(prompt), n)
+
+
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;()[]=+-*/_'\"\n#<>?!%"[:VOCAB - 2]
+
+
+def char_tokenizer():
+    """A character-level tokenizer over VOCAB - 2 characters, "[UNK]" (also EOS) and the
+    mask token, with a small chat template; it lets tiny models run text commands."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(CHARS)}
+    vocab["[UNK]"] = VOCAB - 2
+    vocab["[MASK]"] = MASK
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[UNK]",
+                                   mask_token="[MASK]")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}a: {% endif %}")
+    return fast

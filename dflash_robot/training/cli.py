@@ -22,6 +22,7 @@ from ..checkpoint import ensure_writable_dir, load_draft, save_draft
 from ..draft import build_draft
 from ..errors import ConfigError, DFlashError
 from .data import generate_dataset, load_dataset
+from .init import initialise
 from .trainer import DraftTrainer, OptimConfig
 
 CKPT = "checkpoint.pt"
@@ -40,6 +41,9 @@ def add_train_parser(sub) -> None:  # type: ignore[no-untyped-def]
     t.add_argument("--gen-batch-size", type=int, default=16)
     t.add_argument("--layers", type=int, default=2, help="draft depth")
     t.add_argument("--block-size", type=int, default=16, help="training block size")
+    t.add_argument("--init", default="random",
+                   help="draft initialisation: random (z-lab's), target (copy the target's last layers) "
+                        "or draft:PATH (continue from an existing draft with a fresh schedule)")
     t.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token, else its last "
                                                      "special token that the chat template does not use")
     t.add_argument("--steps", type=int, default=2000)
@@ -112,6 +116,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     ensure_writable_dir(out)
     model, tok = load_target_model(args.target or default_target_path(), args.gguf_file, args.dtype, args.device)
+    if not args.no_fast_linears:  # the target is frozen: its no-grad forwards use packed linears
+        from ..fastpath import pack_linears
+
+        pack_linears(model)
     data_dir = Path(args.data) if args.data else out / "data"
     if rank == 0 and not list(data_dir.glob("data-*.jsonl")) or (
             rank == 0 and sum(1 for s in data_dir.glob("data-*.jsonl") for _ in s.open()) < args.num_samples):
@@ -133,6 +141,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                       blocks_per_seq=args.blocks_per_seq, seed=args.seed + rank, bf16_autocast=args.bf16_autocast)
     torch.manual_seed(args.seed)
     draft = build_draft(model.config, args.layers, args.block_size, mask).to(parse_dtype(args.dtype))
+    skipped = initialise(draft, model, args.init)
+    if skipped and rank == 0:
+        print(f"--init {args.init}: kept the random init of {', '.join(skipped)}")
     ddp = None
     if world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(draft, find_unused_parameters=False)

@@ -1,0 +1,101 @@
+"""Draft initialisation: random (z-lab's), from the target's own last layers, or from a draft.
+
+`--init target` copies the target's last `n` decoder layers (attention and MLP projections,
+their norms) into the draft's `n` layers, the target's final norm into the draft's, and sets
+`fc` to pass the last tapped layer's hidden state through, normed like that layer's input.
+q_norm / k_norm (which the target may lack) start as ones. The draft thus starts as "the
+target's top layers reading the target's late features": a prior, not a working draft; see
+docs/TRAINING.md for what it measured.
+
+`--init draft:PATH` starts from an existing draft (same shape and metadata), e.g. to continue
+training a shipped draft with a fresh schedule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..draft import DFlashDraft
+from ..errors import ConfigError, IncompatibleDraftError
+
+_LAYER_PARAMS = (
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+)
+
+
+def _decoder(target: Any) -> Any:
+    dec = target.get_decoder() if hasattr(target, "get_decoder") else getattr(target, "model", None)
+    if dec is None or not hasattr(dec, "layers") or not hasattr(dec, "norm"):
+        raise ConfigError(f"{type(target).__name__}: cannot find decoder layers to initialise from; use --init random")
+    return dec
+
+
+@torch.no_grad()
+def init_from_target(draft: DFlashDraft, target: Any) -> list[str]:
+    """Copy the target's last layers into the draft. Returns the names it could not copy
+    (shape mismatch, or the target lacks them); those keep their random init."""
+    dec = _decoder(target)
+    n, total = len(draft.layers), len(dec.layers)
+    skipped: list[str] = []
+    for i, layer in enumerate(draft.layers):
+        src = dict(dec.layers[total - n + i].named_parameters())
+        dst = dict(layer.named_parameters())
+        for name in _LAYER_PARAMS:
+            s, d = src.get(name), dst.get(name)
+            if s is None or d is None or s.shape != d.shape:
+                skipped.append(f"layers.{i}.{name}")
+                continue
+            d.copy_(s.to(d.dtype))
+    if getattr(dec.norm, "weight", None) is not None and dec.norm.weight.shape == draft.norm.weight.shape:
+        draft.norm.weight.copy_(dec.norm.weight.to(draft.norm.weight.dtype))
+    else:
+        skipped.append("norm.weight")
+    h = draft.config.hidden_size
+    k = len(draft.metadata.target_layer_ids)
+    eye = torch.eye(h, dtype=draft.fc.weight.dtype)
+    draft.fc.weight.zero_()
+    draft.fc.weight[:, (k - 1) * h:] = eye
+    first = dec.layers[total - n]
+    ln = getattr(first, "input_layernorm", None)
+    if ln is not None and getattr(ln, "weight", None) is not None and ln.weight.shape == draft.hidden_norm.weight.shape:
+        draft.hidden_norm.weight.copy_(ln.weight.to(draft.hidden_norm.weight.dtype))
+    else:
+        skipped.append("hidden_norm.weight")
+    if skipped and len(skipped) == n * len(_LAYER_PARAMS) + 2:
+        raise ConfigError("the target's layers do not match the draft's shapes; use --init random")
+    return skipped
+
+
+@torch.no_grad()
+def init_from_draft(draft: DFlashDraft, path: str | Path) -> None:
+    """Load an existing draft's weights into `draft` (shapes and metadata must agree)."""
+    from ..checkpoint import load_draft
+
+    src = load_draft(path)
+    a, b = src.metadata, draft.metadata
+    for field in ("target_layer_ids", "mask_token_id", "training_block_size", "num_target_layers"):
+        if getattr(a, field) != getattr(b, field):
+            raise IncompatibleDraftError(
+                f"--init draft:{path}: its {field} is {getattr(a, field)}, the run asks for {getattr(b, field)}")
+    theirs, ours = src.state_dict(), draft.state_dict()
+    bad = [k for k in ours if k not in theirs or theirs[k].shape != ours[k].shape]
+    if bad:
+        raise IncompatibleDraftError(f"--init draft:{path}: shapes differ from this run's draft at {bad[:4]}")
+    draft.load_state_dict({k: v.to(ours[k].dtype) for k, v in theirs.items() if k in ours}, strict=True)
+
+
+def initialise(draft: DFlashDraft, target: Any, spec: str) -> list[str]:
+    """Apply `--init` (`random`, `target` or `draft:PATH`)."""
+    if spec == "random":
+        return []
+    if spec == "target":
+        return init_from_target(draft, target)
+    if spec.startswith("draft:"):
+        init_from_draft(draft, spec.split(":", 1)[1])
+        return []
+    raise ConfigError(f"--init must be random, target or draft:PATH, got {spec!r}")

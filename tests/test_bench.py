@@ -1,0 +1,80 @@
+"""`dflash-robot bench`: prompt sets, and a --limit 2 smoke run on a tiny model that writes
+valid JSON, Markdown and PNG. (Benchmarks are commands; nothing here is timed.)"""
+
+import json
+
+import pytest
+from tiny import char_tokenizer, taught_target, trained_draft
+
+from dflash_robot import bench_data
+from dflash_robot.bench import conversations
+from dflash_robot.checkpoint import save_draft
+from dflash_robot.cli import main
+from dflash_robot.errors import ConfigError
+
+
+def test_prompt_set_sizes():
+    assert len(bench_data.humaneval()) == 164
+    assert len(bench_data.gsm8k()) == 1319
+    mt = bench_data.mtbench()
+    assert len(mt) == 80 and all(len(turns) == 2 for turns in mt)
+    assert len(bench_data.aime25()) == 30
+    assert len(bench_data.ifbench()) > 0
+
+
+def test_subsets_are_deterministic_and_formatted():
+    a = conversations("gsm8k", 5, seed=0)
+    assert a == conversations("gsm8k", 5, seed=0) and a != conversations("gsm8k", 5, seed=1)
+    assert all(len(c) == 1 and "step by step" in c[0] for c in a)
+    assert [len(c) for c in conversations("mtbench", 3)] == [2, 2, 2]
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        conversations("mmlu", 1)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    taught_target("llama").save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    save_draft(trained_draft("llama"), root / "draft")
+    return root
+
+
+def test_bench_smoke_writes_json_markdown_png(tiny_dirs, capsys):
+    out = tiny_dirs / "out"
+    rc = main(["bench", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+               "--datasets", "gsm8k,mtbench", "--limit", "2", "--block-sizes", "2,8", "--max-new-tokens", "12",
+               "--hf-generate", "--cost-cache", str(tiny_dirs / "costs.json"), "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads((out / "bench.json").read_text())
+    assert set(report["datasets"]) == {"gsm8k", "mtbench"}
+    he = report["datasets"]["gsm8k"]
+    assert set(he["dflash"]) == {"q=2", "q=8", "adaptive"}
+    assert he["baseline"]["turns"] == 2
+    # MT-Bench: one conversation's first turn (1050 characters) does not fit the tiny target's
+    # 1024 positions, so that conversation is skipped and reported; the other runs both turns
+    mt = report["datasets"]["mtbench"]
+    assert mt["turns_skipped_too_long"] == 1 and mt["baseline"]["turns"] == 2
+    for s in he["dflash"].values():
+        assert s["lossless_mismatches"] == 0 and s["mean_acceptance_length"] >= 1 and s["speedup"] > 0
+        assert sum(s["acceptance_histogram"].values()) > 0
+    assert he["comparisons"]["hf_generate"]["turns"] == 2
+    for key in ("date", "cpu", "torch", "transformers", "threads"):
+        assert report["meta"][key]
+    assert set(report["costs_s"]) == {str(q) for q in range(1, 17)}
+    md = (out / "bench.md").read_text()
+    assert "| DFlash q=8 |" in md and "| DFlash adaptive |" in md and "hf_generate" in md
+    for png in ["speedup_vs_block.png", "acceptance_hist_gsm8k.png", "acceptance_hist_mtbench.png"]:
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--datasets", "nope"], "unknown dataset"),
+    (["--limit", "0"], "--limit"),
+    (["--block-sizes", "2,32"], "block size 32"),
+    (["--llama-cpp", "/nonexistent.gguf"], "does not exist"),
+])
+def test_bench_bad_arguments(tiny_dirs, capsys, extra, match):
+    rc = main(["bench", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+               "--out", str(tiny_dirs / "bad"), "--no-adaptive", "--no-plots", "--limit", "1", *extra])
+    assert rc == 2 and match in capsys.readouterr().err

@@ -1,0 +1,137 @@
+"""Block-size policies: the adaptive policy's decisions on synthetic acceptance histories and
+cost curves, and its use inside the decode loop."""
+
+import json
+import random
+
+import pytest
+from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
+
+from dflash_robot.config import GenerationConfig
+from dflash_robot.errors import ConfigError
+from dflash_robot.loading import DFlashRuntime
+from dflash_robot.policy import AdaptiveBlockSize, load_or_measure_costs, measure_costs
+
+# a verify-cost curve shaped like a CPU forward: a fixed cost plus a per-token one
+LINEAR = {q: 0.10 + 0.01 * q for q in range(1, 17)}
+
+
+def feed(policy, steps):
+    """Drive the policy like the orchestrator: committed = steps(q) for each choice.
+    Returns every choice made, the one after the last step included."""
+    history, choices = [], []
+    for _ in range(len(steps)):
+        choices.append(policy.next_block_size(history))
+        history.append(steps[len(history)](choices[-1]))
+    return choices + [policy.next_block_size(history)]
+
+
+def test_everything_accepted_picks_the_largest_block():
+    p = AdaptiveBlockSize(LINEAR)
+    choices = feed(p, [lambda q: q] * 10)
+    assert choices[-5:] == [16] * 5
+
+
+def test_nothing_accepted_falls_back_to_block_one():
+    """It settles on block 1, re-trying a 2-block now and then as old evidence decays."""
+    p = AdaptiveBlockSize(LINEAR)
+    last = feed(p, [lambda q: 1] * 30)[-12:]
+    assert max(last) <= 2 and last.count(1) >= 8
+    assert feed(AdaptiveBlockSize(LINEAR, decay=1.0), [lambda q: 1] * 30)[-5:] == [1] * 5
+
+
+def test_flat_cost_curve_with_some_acceptance_picks_the_largest_block():
+    p = AdaptiveBlockSize({q: 1.0 for q in range(1, 17)})
+    assert feed(p, [lambda q: min(q, 2)] * 10)[-1] == 16
+
+
+def best_q_geometric(alpha, costs):
+    return max(costs, key=lambda q: (1 - alpha ** q) / (1 - alpha) / costs[q])
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.85])
+def test_matches_the_analytic_optimum_under_geometric_acceptance(alpha):
+    """Each draft position is accepted with probability alpha: E[tokens | q] = (1-a^q)/(1-a).
+    Steep costs make the optimum interior; the policy, fed many steps, must find it."""
+    steep = {q: 0.05 + 0.02 * q ** 1.5 for q in range(1, 17)}
+    rng = random.Random(0)
+
+    def step(q):
+        n = 1
+        while n < q and rng.random() < alpha:
+            n += 1
+        return n
+
+    p = AdaptiveBlockSize(steep, decay=1.0, prior_weight=0.5)
+    # always observe at q=16 so that no position is censored, then ask
+    for _ in range(4000):
+        p.observe(16, step(16))
+    want = best_q_geometric(alpha, steep)
+    got = p.best_block_size()
+    rate = {q: (1 - alpha ** q) / (1 - alpha) / steep[q] for q in steep}
+    assert got == want or rate[got] >= 0.99 * rate[want]
+
+
+def test_censoring_is_not_a_rejection():
+    """Fully accepted blocks of 2 say nothing about position 2 and beyond: a censored
+    position is not a failure, so S(2)/S(1) stays as high as the evidence about position 1."""
+    p = AdaptiveBlockSize(LINEAR, decay=1.0, prior_accept=0.5)
+    for _ in range(20):
+        p.observe(2, 2)
+    s = p.survival()
+    assert s[1] > 0.95 and s[2] / s[1] > 0.9
+    q = AdaptiveBlockSize(LINEAR, decay=1.0, prior_accept=0.5)
+    for _ in range(20):
+        q.observe(3, 2)  # position 2 drafted and rejected every time
+    assert q.survival()[2] / q.survival()[1] < 0.2
+
+
+def test_adapts_when_acceptance_collapses():
+    p = AdaptiveBlockSize(LINEAR, decay=0.8)
+    history = []
+    for _ in range(20):
+        history.append(p.next_block_size(history))  # everything accepted
+    assert p.next_block_size(history) == 16
+    sizes = []
+    for _ in range(20):
+        q = p.next_block_size(history)
+        sizes.append(q)
+        history.append(1)  # nothing accepted any more
+    assert sizes[0] == 16 and max(sizes[-5:]) <= 2
+    assert sizes[:12] == sorted(sizes[:12], reverse=True)  # it backs off steadily
+
+
+def test_state_carries_over_between_generations():
+    p = AdaptiveBlockSize(LINEAR, decay=1.0)
+    feed(p, [lambda q: 1] * 30)
+    assert p.next_block_size([]) == 1  # a new generation starts from what it learned
+    assert AdaptiveBlockSize(LINEAR).next_block_size([]) > 1  # a fresh one does not
+
+
+@pytest.mark.parametrize("costs", [{}, {0: 1.0}, {1: 0.0}, {1: float("nan")}, {1: -1.0}])
+def test_bad_cost_curves(costs):
+    with pytest.raises(ConfigError):
+        AdaptiveBlockSize(costs)
+
+
+def test_adaptive_decoding_is_lossless_and_varies_the_block():
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"))
+    policy = AdaptiveBlockSize(LINEAR)
+    for seed in range(3):
+        prompt = random_prompt(20, seed)
+        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=40), policy=policy)
+        assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), 40)
+    assert len(set(res.block_sizes)) > 1
+
+
+def test_measured_costs_are_cached(tmp_path, monkeypatch):
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"))
+    costs = measure_costs(rt, [1, 4, 16], context=32, reps=2, warmup=1)
+    assert set(costs) == {1, 4, 16} and all(c > 0 for c in costs.values())
+    cache = tmp_path / "costs.json"
+    first = load_or_measure_costs(rt, [1, 2], cache, "k", context=16, reps=1, warmup=0)
+    assert json.loads(cache.read_text())["k"].keys() == {"1", "2"}
+    import dflash_robot.policy as pol
+
+    monkeypatch.setattr(pol, "measure_costs", lambda *a, **k: pytest.fail("re-measured a cached curve"))
+    assert load_or_measure_costs(rt, [1, 2], cache, "k") == first
