@@ -242,20 +242,6 @@ class StatefulTargetAdapter(HFTargetAdapter):
             if getattr(layer, "record_past", False) and _initialised(layer):
                 layer.crop(0)
 
-    @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-                chunk_size: int = 512) -> TargetOutput:
-        self.reset()
-        feats: list[torch.Tensor] = []
-        out = None
-        for start in range(0, input_ids.shape[0], chunk_size):
-            out = self._forward(input_ids[start:start + chunk_size], tap_layer_ids, logits_to_keep=1)
-            self._trim()
-            if out.features is not None:
-                feats.append(out.features)
-        assert out is not None, "prefill needs at least one token"
-        return TargetOutput(out.logits, torch.cat(feats) if feats else None)
-
     # -- verify and rollback
 
     def snapshot(self) -> CacheSnapshot:

@@ -144,6 +144,10 @@ class HFTargetAdapter:
             feats = torch.cat([hs[i + 1][0] for i in tap_layer_ids], dim=-1)
         return TargetOutput(logits=out.logits[0], features=feats)
 
+    def _trim(self) -> None:
+        """After a prefill chunk: sliding layers drop what left the window."""
+        self._cache.crop(0)  # type: ignore[union-attr]
+
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
                 chunk_size: int = 512) -> TargetOutput:
@@ -154,7 +158,7 @@ class HFTargetAdapter:
         for start in range(0, input_ids.shape[0], chunk_size):
             chunk = input_ids[start:start + chunk_size]
             out = self._forward(chunk, tap_layer_ids, logits_to_keep=1)
-            self._cache.crop(0)  # type: ignore[union-attr]  # sliding layers drop what left the window
+            self._trim()
             if out.features is not None:
                 feats.append(out.features)
         assert out is not None, "prefill needs at least one token"
