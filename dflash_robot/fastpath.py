@@ -15,11 +15,15 @@ packed only on request, since packing changes the caller's module in place.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+@functools.cache
 def supported() -> bool:
     """oneDNN linear ops are present and usable on this CPU (fp32)."""
     if not torch.backends.mkldnn.is_available():
@@ -50,6 +54,16 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
+
+
+def linear_fn(weight: torch.Tensor, bias: torch.Tensor | None = None
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`x -> x @ weight.T + bias` with `weight` packed for oneDNN when it is fp32 on a CPU that
+    supports it (the packed copy is the only one the returned function keeps), else `F.linear`."""
+    if weight.dtype == torch.float32 and weight.device.type == "cpu" and supported():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return lambda x: F.linear(x, weight, bias)
 
 
 def pack_linears(module: nn.Module) -> int:

@@ -107,19 +107,24 @@ class DFlashRuntime:
     @classmethod
     def from_models(cls, target_model: Any, draft: DFlashDraft | None, tokenizer: Any = None,
                     prefill_chunk_size: int = 512, rollback: str | None = None,
-                    fast_linears: bool = False) -> DFlashRuntime:
+                    fast_linears: bool = False, engine: str = "hf") -> DFlashRuntime:
         """`rollback` picks the strategy for stateful (hybrid) targets: "replay" or
         "capture" (None = the measured default); attention-only targets always crop.
+        `engine` runs the target through transformers ("hf") or the lean engine ("lean",
+        `lean.py`; "auto" = lean where it supports the architecture, else hf); the lean
+        engine keeps its own packed copies and leaves `target_model` untouched.
         `fast_linears` packs the fp32 CPU linears of both models for oneDNN, in place
         (`fastpath.py`); off by default here because it changes the caller's modules."""
-        target = make_target_adapter(target_model, rollback)
+        target = make_target_adapter(target_model, rollback, engine)
         proposer = None
         if draft is not None:
             check_compatible(draft, target)
         if fast_linears:
             from .fastpath import pack_linears
+            from .target import HFTargetAdapter
 
-            pack_linears(target_model)
+            if isinstance(target, HFTargetAdapter):  # includes the stateful adapter; lean packs its own
+                pack_linears(target_model)
             if draft is not None:
                 pack_linears(draft)
         if draft is not None:
@@ -130,14 +135,15 @@ class DFlashRuntime:
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, *,
              gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
              device: str = "cpu", no_draft: bool = False, rollback: str | None = None,
-             fast_linears: bool = True) -> DFlashRuntime:
+             fast_linears: bool = True, engine: str = "auto") -> DFlashRuntime:
         """Load target (default: SmolLM2-135M-Instruct GGUF) and draft (default: the shipped one).
 
         The draft is cast to the target's dtype; a draft that does not fit is refused.
         `fast_linears` (default on) packs fp32 CPU linears for oneDNN; see `fastpath.py`.
+        `engine` (default "auto"): the lean engine for Llama/Qwen2/Qwen3 targets, else transformers.
         """
         model, tok = load_target_model(target or default_target_path(), gguf_file, dtype, device)
         d = None
         if not no_draft:
             d = load_draft(draft or DEFAULT_DRAFT, dtype=parse_dtype(dtype), device=device)
-        return cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears)
+        return cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears, engine=engine)

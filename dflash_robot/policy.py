@@ -57,11 +57,14 @@ class AdaptiveBlockSize:
 
     State persists across generations (history restarting at empty marks a new one), so a
     long-lived server learns once. `costs[q]` is seconds per iteration at block size q (the
-    draft plus the verify plus the loop); only the ratios matter.
+    draft plus the verify plus the loop); only the ratios matter. With `monotone` (default)
+    the curve is first replaced by its least-squares non-decreasing fit (`isotonic`), since a
+    measured dip (a cheaper q = 8 than q = 4) is timing noise.
     """
 
     def __init__(self, costs: Mapping[int, float], max_block_size: int | None = None,
-                 decay: float = 0.9, prior_accept: float = 0.6, prior_weight: float = 2.0):
+                 decay: float = 0.9, prior_accept: float = 0.6, prior_weight: float = 2.0,
+                 monotone: bool = True):
         if not costs:
             raise ConfigError("the adaptive policy needs a cost curve with at least one block size")
         qs = sorted(int(q) for q in costs)
@@ -70,7 +73,11 @@ class AdaptiveBlockSize:
         if not 0 < decay <= 1 or not 0 < prior_accept < 1 or prior_weight <= 0:
             raise ConfigError("adaptive policy: need 0 < decay <= 1, 0 < prior_accept < 1, prior_weight > 0")
         self.max_block_size = min(max_block_size or qs[-1], qs[-1])
-        self.costs = {q: float(costs[q]) for q in qs if q <= self.max_block_size}
+        kept = [q for q in qs if q <= self.max_block_size]
+        values = [float(costs[q]) for q in kept]
+        # an iteration never gets cheaper with more tokens: a measured dip is timing noise, and
+        # the least-squares non-decreasing fit removes it before it can attract the argmax
+        self.costs = dict(zip(kept, isotonic(values) if monotone else values, strict=True))
         self.decay, self.prior_accept, self.prior_weight = decay, prior_accept, prior_weight
         n = self.max_block_size
         self._fail = [0.0] * (n + 1)  # decayed failures at draft position k (1-based)
@@ -133,6 +140,18 @@ class AdaptiveBlockSize:
 
 
 # --- cost curves -------------------------------------------------------------------------
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
 
 def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, reps: int = 5,
                   warmup: int = 2) -> dict[int, float]:

@@ -73,19 +73,33 @@ def _has_state_layers(model: PreTrainedModel) -> bool:
     return is_stateful(model)
 
 
-def make_target_adapter(model: PreTrainedModel, rollback: str | None = None) -> TargetAdapter:
+ENGINES = ("auto", "hf", "lean")
+
+
+def make_target_adapter(model: PreTrainedModel, rollback: str | None = None, engine: str = "hf") -> TargetAdapter:
     """The adapter for `model`, chosen by what its cache holds: attention-only targets get
-    `HFTargetAdapter`, targets with linear-attention/SSM states `StatefulTargetAdapter`
+    `HFTargetAdapter` (or, with `engine="lean"`/`"auto"`, the lean engine of `lean.py` where it
+    supports the architecture), targets with linear-attention/SSM states `StatefulTargetAdapter`
     with the `rollback` strategy ("replay" or "capture"; None = the measured default).
-    Attention-only targets roll back by cropping, whatever `rollback` says."""
+    Attention-only targets roll back by cropping, whatever `rollback` says.
+    `engine="lean"` refuses a model the lean engine cannot run; `"auto"` falls back to HF."""
+    from .errors import ConfigError
     from .stateful import ROLLBACKS, StatefulTargetAdapter
 
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     if _has_state_layers(model):
+        if engine == "lean":
+            raise UnsupportedModelError(f"the lean engine does not run stateful (hybrid) targets like "
+                                        f"{type(model).__name__}; use engine='hf' or 'auto'")
         return StatefulTargetAdapter(model, rollback)
     if rollback is not None and rollback not in ROLLBACKS:
-        from .errors import ConfigError
-
         raise ConfigError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
+    if engine != "hf":
+        from .lean import LeanTargetAdapter, supports
+
+        if engine == "lean" or supports(model):
+            return LeanTargetAdapter(model)  # type: ignore[return-value]
     return HFTargetAdapter(model)
 
 

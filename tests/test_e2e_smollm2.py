@@ -22,6 +22,13 @@ def chat_ids(tok, text):
     return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"]
 
 
+def test_default_engine_is_lean(rt):
+    """So the HF-generate comparison below checks the lean engine on the real model."""
+    from dflash_robot.lean import LeanTargetAdapter
+
+    assert isinstance(rt.target, LeanTargetAdapter)
+
+
 def test_shipped_draft_metadata(rt):
     meta = rt.draft.metadata
     assert meta.num_target_layers == 30 and max(meta.target_layer_ids) < 30

@@ -1,7 +1,7 @@
 """Speculative greedy decoding equals the target's own plain greedy decoding, token for token."""
 
 import pytest
-from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
+from tiny import find_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.config import GenerationConfig
 from dflash_robot.loading import DFlashRuntime
@@ -64,22 +64,11 @@ def test_chunked_prefill_long_prompt(family):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_stop_token_inside_accepted_run(family):
     rt = runtime(family)
-    for seed in range(10):
-        prompt = random_prompt(20, seed)
-        steps = list(rt.orchestrator.stream(prompt, GenerationConfig(max_new_tokens=N, block_size=16)))
-        seen = [t for ev in steps for t in ev.tokens]
-        # a step that committed >= 3 tokens, whose middle token did not occur before
-        for i, ev in enumerate(steps):
-            before = [t for e in steps[:i] for t in e.tokens]
-            if len(ev.tokens) >= 3 and ev.tokens[1] not in before + ev.tokens[:1]:
-                stop = ev.tokens[1]
-                res = rt.orchestrator.generate(
-                    prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
-                assert res.token_ids == seen[:seen.index(stop) + 1]
-                assert res.finish_reason == "stop"
-                assert res.acceptance_lengths[-1] == 2  # cut inside the run: 1 accepted + the stop
-                return
-    pytest.fail("no accepted run of >= 3 tokens found to place a stop token in")
+    prompt, stop, seen = find_stop_inside_run(rt, N)
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
+    assert res.token_ids == seen[:seen.index(stop) + 1]
+    assert res.finish_reason == "stop"
+    assert res.acceptance_lengths[-1] == 2  # cut inside the run: 1 accepted + the stop
 
 
 @pytest.mark.parametrize("max_new", [0, 1, 2, 3, 17])

@@ -7,7 +7,7 @@ for sampling, the exact joint distribution of its first tokens.
 import pytest
 import torch
 from test_sampling import CONFIGS, DEPTH, V, chi2_pvalue, empirical_joint, exact_joint
-from tiny import HYBRID, plain_greedy_cached, random_prompt, taught_target, trained_draft
+from tiny import HYBRID, find_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.config import GenerationConfig
 from dflash_robot.draft import build_draft
@@ -52,24 +52,14 @@ def test_drafts_trained_against_hybrid_targets_get_accepted(family):
 @pytest.mark.parametrize("rollback", ["replay", "capture"])
 def test_stop_token_inside_accepted_run(rollback):
     rt = runtime("qwen3_5", rollback)
-    for seed in range(10):
-        prompt = random_prompt(20, seed)
-        steps = list(rt.orchestrator.stream(prompt, GenerationConfig(max_new_tokens=N, block_size=16)))
-        seen = [t for ev in steps for t in ev.tokens]
-        for i, ev in enumerate(steps):
-            before = [t for e in steps[:i] for t in e.tokens]
-            if len(ev.tokens) >= 3 and ev.tokens[1] not in before + ev.tokens[:1]:
-                stop = ev.tokens[1]
-                res = rt.orchestrator.generate(
-                    prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
-                assert res.token_ids == seen[:seen.index(stop) + 1] == plain_greedy_cached(
-                    "qwen3_5", tuple(prompt), N)[:seen.index(stop) + 1]
-                assert res.finish_reason == "stop" and res.acceptance_lengths[-1] == 2
-                # the runtime is reusable after a stop inside a run
-                again = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16))
-                assert again.token_ids == plain_greedy_cached("qwen3_5", tuple(prompt), N)
-                return
-    pytest.fail("no accepted run of >= 3 tokens found to place a stop token in")
+    prompt, stop, seen = find_stop_inside_run(rt, N)
+    cut = seen.index(stop) + 1
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
+    assert res.token_ids == seen[:cut] == plain_greedy_cached("qwen3_5", tuple(prompt), N)[:cut]
+    assert res.finish_reason == "stop" and res.acceptance_lengths[-1] == 2
+    # the runtime is reusable after a stop inside a run
+    again = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16))
+    assert again.token_ids == plain_greedy_cached("qwen3_5", tuple(prompt), N)
 
 
 def test_sequential_verify_with_capture():

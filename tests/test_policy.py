@@ -5,12 +5,13 @@ import json
 import random
 
 import pytest
+import torch
 from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.config import GenerationConfig
 from dflash_robot.errors import ConfigError
 from dflash_robot.loading import DFlashRuntime
-from dflash_robot.policy import AdaptiveBlockSize, load_or_measure_costs, measure_costs
+from dflash_robot.policy import AdaptiveBlockSize, isotonic, load_or_measure_costs, measure_costs
 
 # a verify-cost curve shaped like a CPU forward: a fixed cost plus a per-token one
 LINEAR = {q: 0.10 + 0.01 * q for q in range(1, 17)}
@@ -135,3 +136,29 @@ def test_measured_costs_are_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pol, "measure_costs", lambda *a, **k: pytest.fail("re-measured a cached curve"))
     assert load_or_measure_costs(rt, [1, 2], cache, "k") == first
+
+
+def _isotonic_minmax(v):
+    """Independent truth: the isotonic fit at i is max_{j<=i} min_{k>=i} mean(v[j..k])."""
+    n = len(v)
+    return [max(min(sum(v[j:k + 1]) / (k + 1 - j) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+
+
+def test_isotonic_fit_matches_the_min_max_formula():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        v = (torch.rand(int(torch.randint(1, 12, (1,), generator=g)), generator=g) * 10).tolist()
+        fit = isotonic(v)
+        assert all(a <= b + 1e-12 for a, b in zip(fit, fit[1:], strict=False))
+        assert fit == pytest.approx(_isotonic_minmax(v))
+    assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+
+
+def test_a_noisy_dip_in_the_cost_curve_does_not_attract_the_policy():
+    costs = {q: 1 + 0.1 * q for q in range(2, 17)}
+    costs[1] = 0.55
+    costs[8] = 0.9  # a spuriously cheap measurement
+    assert AdaptiveBlockSize(costs, monotone=False).next_block_size([]) == 8
+    smoothed = AdaptiveBlockSize(costs)
+    assert smoothed.next_block_size([]) == 1  # the prior's rate at the pooled q=8 cost loses to q=1
+    assert [smoothed.costs[q] for q in (4, 5, 8, 9)] == pytest.approx([1.4, 1.425, 1.425, 1.9])  # q=5..8 pooled

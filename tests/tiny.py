@@ -152,6 +152,25 @@ def plain_greedy_cached(family: str, prompt: tuple[int, ...], n: int) -> list[in
     return plain_greedy(taught_target(family), list(prompt), n)
 
 
+def find_stop_inside_run(rt, n: int, block_size: int = 16):
+    """A (prompt, stop token, tokens generated without stops) such that the stop token is the
+    middle token of a step that committed >= 3 tokens and occurs nowhere before it; so a run
+    with that stop token must cut inside an accepted run. Fails the test if none is found."""
+    import pytest
+
+    from dflash_robot.config import GenerationConfig
+
+    for seed in range(10):
+        prompt = random_prompt(20, seed)
+        steps = list(rt.orchestrator.stream(prompt, GenerationConfig(max_new_tokens=n, block_size=block_size)))
+        seen = [t for ev in steps for t in ev.tokens]
+        for i, ev in enumerate(steps):
+            before = [t for e in steps[:i] for t in e.tokens]
+            if len(ev.tokens) >= 3 and ev.tokens[1] not in before + ev.tokens[:1]:
+                return prompt, ev.tokens[1], seen
+    pytest.fail("no accepted run of >= 3 tokens found to place a stop token in")
+
+
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;()[]=+-*/_'\"\n#<>?!%"[:VOCAB - 2]
 
 

@@ -32,7 +32,7 @@ def add_train_parser(sub) -> None:  # type: ignore[no-untyped-def]
     from ..cli import add_model_args
 
     t = sub.add_parser("train", help="train a DFlash draft for a target (self-distillation)")
-    add_model_args(t)
+    add_model_args(t, engine=False)  # training runs the HF model itself
     t.add_argument("--out", required=True, help="output directory: checkpoint.pt and the final draft")
     t.add_argument("--data", help="training data directory (data-*.jsonl); generated there if empty")
     t.add_argument("--prompts", default="self:1000", help="prompt source for generation: self:N or jsonl:PATH[:FIELD]")
