@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .target import CacheSnapshot, TargetOutput
+from .target import CacheSnapshot, ChunkedForwardAdapter, TargetOutput
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3")
@@ -97,8 +97,9 @@ class _Layer:
         self.k_norm = None if kn is None else kn.weight.detach()
 
 
-class LeanTargetAdapter:
-    """`TargetAdapter` over a lean forward of a Llama/Qwen2/Qwen3 model (see module doc).
+class LeanTargetAdapter(ChunkedForwardAdapter):
+    """`TargetAdapter` over a lean forward of a Llama/Qwen2/Qwen3 model (see module doc);
+    `prefill` and `verify` come from `ChunkedForwardAdapter`, over `_forward` below.
 
     The HF model stays referenced as `.model` (its embedding and the comparison runs in
     `bench` use it); the engine keeps its own fused, packed copies of the layer weights.
@@ -235,31 +236,6 @@ class LeanTargetAdapter:
         logits = self._head_module(rows)
         features = torch.cat([feats[j] for j in tap_layer_ids], dim=-1) if tap_layer_ids else None
         return TargetOutput(logits=logits, features=features)
-
-    @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-                chunk_size: int = 512) -> TargetOutput:
-        """input_ids [P] -> logits [1, V] at the last position, features [P, n*H]."""
-        self.reset()
-        self._ensure_capacity(input_ids.shape[0])
-        feats: list[torch.Tensor] = []
-        out = None
-        for s in range(0, input_ids.shape[0], chunk_size):
-            out = self._forward(input_ids[s:s + chunk_size], tap_layer_ids, logits_to_keep=1)
-            if out.features is not None:
-                feats.append(out.features)
-        assert out is not None, "prefill needs at least one token"
-        return TargetOutput(out.logits, torch.cat(feats) if feats else None)
-
-    @torch.inference_mode()
-    def verify(self, block_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-               sequential: bool = False) -> TargetOutput:
-        """block_ids [q] -> logits [q, V], features [q, n*H]. Leaves all q in the cache."""
-        if not sequential:
-            return self._forward(block_ids, tap_layer_ids)
-        outs = [self._forward(block_ids[i:i + 1], tap_layer_ids) for i in range(block_ids.shape[0])]
-        feats = None if tap_layer_ids is None else torch.cat([o.features for o in outs])  # type: ignore[misc]
-        return TargetOutput(torch.cat([o.logits for o in outs]), feats)
 
     def input_embedding_weight(self) -> torch.Tensor:
         return self.embed

@@ -103,7 +103,52 @@ def make_target_adapter(model: PreTrainedModel, rollback: str | None = None, eng
     return HFTargetAdapter(model)
 
 
-class HFTargetAdapter:
+class ChunkedForwardAdapter:
+    """`prefill` and `verify` for adapters built on one primitive, `_forward(ids, taps,
+    logits_to_keep)` -> TargetOutput, which appends `ids` to the cache. `_trim()` runs after
+    every prefill chunk (a no-op unless the cache needs it)."""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
+                 logits_to_keep: int = 0) -> TargetOutput:
+        raise NotImplementedError
+
+    def _trim(self) -> None:
+        return None
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
+                chunk_size: int = 512) -> TargetOutput:
+        """input_ids [P] -> logits [1, V] at the last position, features [P, n*H]."""
+        self.reset()
+        feats: list[torch.Tensor] = []
+        out = None
+        for start in range(0, input_ids.shape[0], chunk_size):
+            out = self._forward(input_ids[start:start + chunk_size], tap_layer_ids, logits_to_keep=1)
+            self._trim()
+            if out.features is not None:
+                feats.append(out.features)
+        assert out is not None, "prefill needs at least one token"
+        return TargetOutput(out.logits, torch.cat(feats) if feats else None)
+
+    @torch.inference_mode()
+    def verify(self, block_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
+               sequential: bool = False) -> TargetOutput:
+        """block_ids [q] -> logits [q, V], features [q, n*H]. Leaves all q in the cache.
+
+        sequential=True feeds the block one token at a time: slower, but the reference
+        for hunting batched-vs-sequential numeric mismatches.
+        """
+        if not sequential:
+            return self._forward(block_ids, tap_layer_ids)
+        outs = [self._forward(block_ids[i:i + 1], tap_layer_ids) for i in range(block_ids.shape[0])]
+        feats = None if tap_layer_ids is None else torch.cat([o.features for o in outs])  # type: ignore[misc]
+        return TargetOutput(torch.cat([o.logits for o in outs]), feats)
+
+
+class HFTargetAdapter(ChunkedForwardAdapter):
     """Any transformers causal LM with an attention-only (full or sliding-window) cache.
 
     The cache is a `DynamicCache` with past recording active, so sliding-window layers
@@ -161,36 +206,6 @@ class HFTargetAdapter:
     def _trim(self) -> None:
         """After a prefill chunk: sliding layers drop what left the window."""
         self._cache.crop(0)  # type: ignore[union-attr]
-
-    @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-                chunk_size: int = 512) -> TargetOutput:
-        """input_ids [P] -> logits [1, V] at the last position, features [P, n*H]."""
-        self.reset()
-        feats: list[torch.Tensor] = []
-        out = None
-        for start in range(0, input_ids.shape[0], chunk_size):
-            chunk = input_ids[start:start + chunk_size]
-            out = self._forward(chunk, tap_layer_ids, logits_to_keep=1)
-            self._trim()
-            if out.features is not None:
-                feats.append(out.features)
-        assert out is not None, "prefill needs at least one token"
-        return TargetOutput(out.logits, torch.cat(feats) if feats else None)
-
-    @torch.inference_mode()
-    def verify(self, block_ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-               sequential: bool = False) -> TargetOutput:
-        """block_ids [q] -> logits [q, V], features [q, n*H]. Leaves all q in the cache.
-
-        sequential=True feeds the block one token at a time: slower, but the reference
-        for hunting batched-vs-sequential numeric mismatches.
-        """
-        if not sequential:
-            return self._forward(block_ids, tap_layer_ids)
-        outs = [self._forward(block_ids[i:i + 1], tap_layer_ids) for i in range(block_ids.shape[0])]
-        feats = None if tap_layer_ids is None else torch.cat([o.features for o in outs])  # type: ignore[misc]
-        return TargetOutput(torch.cat([o.logits for o in outs]), feats)
 
     def snapshot(self) -> CacheSnapshot:
         return CacheSnapshot(seq_len=self._len)

@@ -1,7 +1,7 @@
 """Speculative greedy decoding equals the target's own plain greedy decoding, token for token."""
 
 import pytest
-from tiny import find_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
+from tiny import check_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.config import GenerationConfig
 from dflash_robot.loading import DFlashRuntime
@@ -63,12 +63,7 @@ def test_chunked_prefill_long_prompt(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_stop_token_inside_accepted_run(family):
-    rt = runtime(family)
-    prompt, stop, seen = find_stop_inside_run(rt, N)
-    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
-    assert res.token_ids == seen[:seen.index(stop) + 1]
-    assert res.finish_reason == "stop"
-    assert res.acceptance_lengths[-1] == 2  # cut inside the run: 1 accepted + the stop
+    check_stop_inside_run(runtime(family), family, N)
 
 
 @pytest.mark.parametrize("max_new", [0, 1, 2, 3, 17])

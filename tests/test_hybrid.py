@@ -7,7 +7,7 @@ for sampling, the exact joint distribution of its first tokens.
 import pytest
 import torch
 from test_sampling import CONFIGS, DEPTH, V, chi2_pvalue, empirical_joint, exact_joint
-from tiny import HYBRID, find_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
+from tiny import HYBRID, check_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.config import GenerationConfig
 from dflash_robot.draft import build_draft
@@ -51,15 +51,7 @@ def test_drafts_trained_against_hybrid_targets_get_accepted(family):
 
 @pytest.mark.parametrize("rollback", ["replay", "capture"])
 def test_stop_token_inside_accepted_run(rollback):
-    rt = runtime("qwen3_5", rollback)
-    prompt, stop, seen = find_stop_inside_run(rt, N)
-    cut = seen.index(stop) + 1
-    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
-    assert res.token_ids == seen[:cut] == plain_greedy_cached("qwen3_5", tuple(prompt), N)[:cut]
-    assert res.finish_reason == "stop" and res.acceptance_lengths[-1] == 2
-    # the runtime is reusable after a stop inside a run
-    again = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16))
-    assert again.token_ids == plain_greedy_cached("qwen3_5", tuple(prompt), N)
+    check_stop_inside_run(runtime("qwen3_5", rollback), "qwen3_5", N)
 
 
 def test_sequential_verify_with_capture():

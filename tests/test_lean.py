@@ -1,11 +1,13 @@
 """The lean engine (lean.py) computes what transformers' forward computes, and DFlash on it
 is lossless against the target's own greedy decoding."""
 
+import copy
+
 import pytest
 import torch
 from tiny import (
     VOCAB,
-    find_stop_inside_run,
+    check_stop_inside_run,
     make_config,
     plain_greedy_cached,
     random_prompt,
@@ -92,14 +94,8 @@ def test_lean_sequential_verify_and_chunked_prefill():
 
 
 def test_lean_stop_token_inside_accepted_run():
-    rt = DFlashRuntime.from_models(taught_target("qwen3"), trained_draft("qwen3"), engine="lean")
-    prompt, stop, seen = find_stop_inside_run(rt, N)
-    cut = seen.index(stop) + 1
-    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16, stop_token_ids=(stop,)))
-    assert res.token_ids == seen[:cut] == plain_greedy_cached("qwen3", tuple(prompt), N)[:cut]
-    assert res.finish_reason == "stop" and res.acceptance_lengths[-1] == 2
-    again = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=16))
-    assert again.token_ids == plain_greedy_cached("qwen3", tuple(prompt), N)  # reusable after the stop
+    check_stop_inside_run(DFlashRuntime.from_models(taught_target("qwen3"), trained_draft("qwen3"), engine="lean"),
+                          "qwen3", N)
 
 
 def test_engine_selection_and_refusals():
@@ -125,7 +121,8 @@ def test_engine_selection_and_refusals():
 def test_lean_leaves_the_callers_model_alone_and_respects_max_length():
     model = taught_target("llama")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    rt = DFlashRuntime.from_models(model, trained_draft("llama"), engine="lean", fast_linears=True)
+    draft = copy.deepcopy(trained_draft("llama"))  # fast_linears packs the draft in place: not the cached one
+    rt = DFlashRuntime.from_models(model, draft, engine="lean", fast_linears=True)
     assert all(type(m).__name__ != "PackedLinear" for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ConfigError, match="request too long"):

@@ -171,6 +171,21 @@ def find_stop_inside_run(rt, n: int, block_size: int = 16):
     pytest.fail("no accepted run of >= 3 tokens found to place a stop token in")
 
 
+def check_stop_inside_run(rt, family: str, n: int) -> None:
+    """A stop token met inside an accepted run cuts the output right after it, equal to the
+    target's own greedy decoding up to there; the runtime is reusable afterwards."""
+    from dflash_robot.config import GenerationConfig
+
+    prompt, stop, seen = find_stop_inside_run(rt, n)
+    cut = seen.index(stop) + 1
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=n, block_size=16, stop_token_ids=(stop,)))
+    assert res.token_ids == seen[:cut] == plain_greedy_cached(family, tuple(prompt), n)[:cut]
+    assert res.finish_reason == "stop"
+    assert res.acceptance_lengths[-1] == 2  # cut inside the run: 1 accepted + the stop
+    again = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=n, block_size=16))
+    assert again.token_ids == plain_greedy_cached(family, tuple(prompt), n)
+
+
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;()[]=+-*/_'\"\n#<>?!%"[:VOCAB - 2]
 
 
