@@ -29,7 +29,8 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-fast-linears", action="store_true",
-                   help="keep transformers' own nn.Linear (default: fp32 CPU linears are pre-packed for oneDNN)")
+                   help="keep transformers' own nn.Linear (default: fp32 CPU linears are pre-packed for oneDNN); "
+                        "the lean engine always packs its own fused copies, so pair this with --engine hf")
     if engine:
         p.add_argument("--engine", choices=["auto", "hf", "lean"], default="auto",
                        help="target engine: transformers' forward (hf) or the lean Llama/Qwen2/Qwen3 forward "

@@ -243,10 +243,6 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
     def output_head(self) -> nn.Module:
         return self._head_module
 
-    def cache_bytes(self) -> int:
-        """Bytes held by the preallocated KV buffers (all layers, K and V)."""
-        return sum(t.numel() * t.element_size() for t in self._k + self._v)
-
 
 class _HeadModule(nn.Module):
     """The target's output head as a module (the draft's proposer calls it), packed."""
