@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from dflash_robot.bench_data import formatted_prompts
-from dflash_robot.config import GenerationConfig
-from dflash_robot.loading import DFlashRuntime
+from dflash_robot.bench.datasets import formatted_prompts
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
 
 
 def main() -> None:

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from dflash_robot.fastpath import pack_linears
-from dflash_robot.lean import LeanTargetAdapter
-from dflash_robot.loading import default_target_path, load_target_model
-from dflash_robot.target import HFTargetAdapter
+from dflash_robot.targets.fastpath import pack_linears
+from dflash_robot.targets.hf import HFTargetAdapter
+from dflash_robot.targets.lean import LeanTargetAdapter
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 
 def main() -> None:

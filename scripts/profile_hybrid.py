@@ -21,7 +21,7 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from dflash_robot.stateful import StatefulTargetAdapter
+from dflash_robot.targets.stateful import StatefulTargetAdapter
 
 
 def build(seed: int = 0):

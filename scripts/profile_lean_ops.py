@@ -17,8 +17,8 @@ import time
 import torch
 from torch.profiler import profile
 
-from dflash_robot.lean import LeanTargetAdapter
-from dflash_robot.loading import default_target_path, load_target_model
+from dflash_robot.targets.lean import LeanTargetAdapter
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 
 def main() -> None:

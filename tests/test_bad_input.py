@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import MASK, taught_target, trained_draft
 
-from dflash_robot.checkpoint import load_draft, save_draft
-from dflash_robot.config import DraftMetadata, GenerationConfig, SamplingConfig
-from dflash_robot.draft import build_draft
+from dflash_robot.drafts.checkpoint import load_draft, save_draft
+from dflash_robot.drafts.metadata import DraftMetadata
+from dflash_robot.drafts.model import build_draft
 from dflash_robot.errors import (
     ConfigError,
     DraftLoadError,
@@ -16,7 +16,9 @@ from dflash_robot.errors import (
     TargetLoadError,
     UnsupportedModelError,
 )
-from dflash_robot.loading import DFlashRuntime, load_target_model
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.targets.loading import load_target_model
 
 
 @pytest.fixture
@@ -158,7 +160,7 @@ def test_generation_config_validation(kw, match):
 
 
 def test_unavailable_device():
-    from dflash_robot.loading import check_device
+    from dflash_robot.targets.loading import check_device
 
     with pytest.raises(ConfigError, match="not available|unknown device"):
         check_device("cuda:0" if not torch.cuda.is_available() else "bogus")

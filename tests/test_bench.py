@@ -6,10 +6,10 @@ import json
 import pytest
 from tiny import char_tokenizer, taught_target, trained_draft
 
-from dflash_robot import bench_data
-from dflash_robot.bench import conversations
-from dflash_robot.checkpoint import save_draft
+from dflash_robot.bench import datasets as bench_data
+from dflash_robot.bench.runner import conversations
 from dflash_robot.cli import main
+from dflash_robot.drafts.checkpoint import save_draft
 from dflash_robot.errors import ConfigError
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from tiny import plain_greedy_cached, taught_target, trained_draft
 
-from dflash_robot.checkpoint import save_draft
 from dflash_robot.cli import main
+from dflash_robot.drafts.checkpoint import save_draft
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,8 @@ def test_generate_adaptive(model_dirs, capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["token_ids"] == plain_greedy_cached("llama", (1, 2, 3), 40)[:20]
     assert all(1 <= q <= 16 for q in out["block_sizes"])
-    assert len(json.loads(cache.read_text())) == 1  # the curve was measured once and cached
+    entry, = json.loads(cache.read_text()).values()  # the curve was measured once and cached
+    assert set(entry["costs"]) == {str(q) for q in range(1, 17)} and entry["measured_at"] > 0
 
 
 def test_adaptive_and_block_size_conflict(model_dirs, capsys, tmp_path):
@@ -75,3 +76,76 @@ def test_adaptive_and_block_size_conflict(model_dirs, capsys, tmp_path):
     assert main(["generate", "--target", str(target), "--draft", str(draft), "--input-ids", "1,2",
                  "--adaptive", "--block-size", "4", "--cost-cache", ""]) == 2
     assert "--adaptive" in capsys.readouterr().err
+
+
+def _no_model_load(monkeypatch):
+    """Make any model load fail loudly: the checks under test must come before it."""
+    import dflash_robot.targets.loading as loading
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were validated")
+    monkeypatch.setattr(loading, "load_target_model", boom)
+    import dflash_robot.runtime.api as api
+    monkeypatch.setattr(api, "load_target_model", boom)
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--block-size", "99"], "1..16"), (["--adaptive", "--block-size", "4"], "--adaptive"),
+    (["--draft", "/no/such/draft"], "does not exist"), (["--target", "/no/such/target"], "does not exist"),
+    (["--top-k", "-1"], "top_k"),
+])
+def test_arguments_validated_before_any_model_loads(model_dirs, capsys, monkeypatch, extra, match):
+    target, draft = model_dirs
+    _no_model_load(monkeypatch)
+    args = ["generate", "--input-ids", "1,2", "--target", str(target), "--draft", str(draft), *extra]
+    assert main(args) == 2
+    assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["generate", "x", "--max-new-tokens", "0"], ["generate", "x", "--max-new-tokens", "-5"],
+                                  ["bench", "--max-new-tokens", "0"], ["generate", "x", "--block-size", "0"]])
+def test_out_of_range_integers_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from dflash_robot.cli import main\n"
+            "try:\n    main(['generate', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'LIGHT')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().endswith("LIGHT"), r.stdout[-500:] + r.stderr[-500:]
+    assert "(default: 128)" in r.stdout  # defaults are shown
+
+
+def test_prompt_from_stdin_and_missing_prompt(model_dirs, capsys, monkeypatch):
+    import io
+
+    target, draft = model_dirs
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["generate", "--target", str(target), "--draft", str(draft)]) == 2
+    assert "stdin is empty" in capsys.readouterr().err
+
+
+def test_text_output_ends_with_newline_and_says_when_cut(model_dirs, capsys):
+    target, draft = model_dirs
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "--input-ids", "1,2,3",
+                 "--max-new-tokens", "10"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.endswith("\n")
+    assert "cut at --max-new-tokens 10" in cap.err and "load" in cap.err
+
+
+def test_ctrl_c_exits_130_with_one_line(model_dirs, capsys, monkeypatch):
+    import dflash_robot.cli.generate as gen
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gen, "run", interrupted)
+    assert main(["generate", "x"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "dflash-robot: interrupted"

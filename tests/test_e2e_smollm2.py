@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dflash_robot.cli import main
-from dflash_robot.config import GenerationConfig
-from dflash_robot.loading import DEFAULT_DRAFT, DFlashRuntime
+from dflash_robot.runtime.api import DEFAULT_DRAFT, DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
 
 pytestmark = pytest.mark.e2e
 PROMPT = "Write a Python function that returns the sum of a list."
@@ -24,7 +24,7 @@ def chat_ids(tok, text):
 
 def test_default_engine_is_lean(rt):
     """So the HF-generate comparison below checks the lean engine on the real model."""
-    from dflash_robot.lean import LeanTargetAdapter
+    from dflash_robot.targets.lean import LeanTargetAdapter
 
     assert isinstance(rt.target, LeanTargetAdapter)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import plain_greedy, random_prompt, taught_target, trained_draft
 
-from dflash_robot.config import GenerationConfig
-from dflash_robot.fastpath import PackedLinear, pack_linears, supported
-from dflash_robot.loading import DFlashRuntime
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
+from dflash_robot.targets.fastpath import PackedLinear, pack_linears, supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="oneDNN linear ops unavailable on this CPU build")
 

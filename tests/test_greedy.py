@@ -3,8 +3,8 @@
 import pytest
 from tiny import check_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
-from dflash_robot.config import GenerationConfig
-from dflash_robot.loading import DFlashRuntime
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
 
 N = 40
 

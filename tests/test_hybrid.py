@@ -9,12 +9,13 @@ import torch
 from test_sampling import CONFIGS, DEPTH, V, chi2_pvalue, empirical_joint, exact_joint
 from tiny import HYBRID, check_stop_inside_run, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
-from dflash_robot.config import GenerationConfig
-from dflash_robot.draft import build_draft
+from dflash_robot.drafts.model import build_draft
 from dflash_robot.errors import ConfigError, UnsupportedModelError
-from dflash_robot.loading import DFlashRuntime
-from dflash_robot.stateful import StatefulTargetAdapter
-from dflash_robot.target import HFTargetAdapter, make_target_adapter
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
+from dflash_robot.targets.factory import make_target_adapter
+from dflash_robot.targets.hf import HFTargetAdapter
+from dflash_robot.targets.stateful import StatefulTargetAdapter
 
 N = 40
 CAPTURABLE = [f for f in HYBRID if f != "mamba2"]  # mamba2's SSM kernel cannot be stepped: replay only
@@ -67,7 +68,7 @@ class _CropOnly(StatefulTargetAdapter):
     cropped, the recurrent state keeps the rejected tokens."""
 
     def _rollback_capture(self, removed, num_kept):
-        from dflash_robot.stateful import _crop_layer
+        from dflash_robot.targets.stateful import _crop_layer
 
         for i, layer in enumerate(self._cache.layers):
             _crop_layer(layer, removed, linear=i in self._linear_idx)

@@ -16,11 +16,12 @@ from tiny import (
 )
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dflash_robot.config import GenerationConfig
 from dflash_robot.errors import ConfigError, UnsupportedModelError
-from dflash_robot.lean import LeanTargetAdapter, supports, unsupported_reason
-from dflash_robot.loading import DFlashRuntime
-from dflash_robot.target import HFTargetAdapter, make_target_adapter
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
+from dflash_robot.targets.factory import make_target_adapter
+from dflash_robot.targets.hf import HFTargetAdapter
+from dflash_robot.targets.lean import LeanTargetAdapter, supports, unsupported_reason
 
 LEAN = ["llama", "qwen2", "qwen3"]
 N = 40

@@ -1,6 +1,6 @@
 import pytest
 
-from dflash_robot.config import DraftMetadata, build_target_layer_ids, default_loss_decay
+from dflash_robot.drafts.metadata import DraftMetadata, build_target_layer_ids, default_loss_decay
 
 
 @pytest.mark.parametrize("L,n,expected", [

@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
 
-from dflash_robot.config import GenerationConfig
 from dflash_robot.errors import ConfigError
-from dflash_robot.loading import DFlashRuntime
-from dflash_robot.policy import AdaptiveBlockSize, isotonic, load_or_measure_costs, measure_costs
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
+from dflash_robot.runtime.policy import AdaptiveBlockSize, isotonic, load_or_measure_costs, measure_costs
 
 # a verify-cost curve shaped like a CPU forward: a fixed cost plus a per-token one
 LINEAR = {q: 0.10 + 0.01 * q for q in range(1, 17)}

@@ -2,18 +2,18 @@
 
 import itertools
 
+import dflash_robot.orchestrator as orch
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import dflash_robot.orchestrator as orch
-from dflash_robot.acceptance import Acceptance, rejection_accept
-from dflash_robot.config import GenerationConfig, SamplingConfig
-from dflash_robot.draft import build_draft
-from dflash_robot.loading import DFlashRuntime
-from dflash_robot.sampling import sample_from, sampling_probs
+from dflash_robot.drafts.model import build_draft
+from dflash_robot.runtime.acceptance import Acceptance, rejection_accept
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.runtime.sampling import sample_from, sampling_probs
 
 V = 6
 PROMPT = [0, 3, 1]

@@ -10,10 +10,10 @@ import pytest
 import torch
 from tiny import MASK, plain_greedy_cached, random_prompt, taught_target
 
-from dflash_robot.draft import build_draft
+from dflash_robot.cli.train import batch_indices, load_checkpoint
+from dflash_robot.drafts.model import build_draft
 from dflash_robot.errors import ConfigError, DFlashError
 from dflash_robot.training import objective
-from dflash_robot.training.cli import batch_indices, load_checkpoint
 from dflash_robot.training.data import check_not_evaluation, load_dataset
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
@@ -87,8 +87,8 @@ def _trainer(steps=40, seed=0):
 
 
 def test_training_raises_acceptance():
-    from dflash_robot.config import GenerationConfig
-    from dflash_robot.loading import DFlashRuntime
+    from dflash_robot.runtime.api import DFlashRuntime
+    from dflash_robot.runtime.config import GenerationConfig
 
     data = _data()
     tr = _trainer(steps=80)
@@ -149,7 +149,7 @@ def test_empty_prompt_set(tmp_path):
 
 
 def test_evaluation_prompts_are_refused():
-    from dflash_robot import bench_data
+    from dflash_robot.bench import datasets as bench_data
     from dflash_robot.training.data import evaluation_prompts
 
     he = bench_data.humaneval()
@@ -174,9 +174,9 @@ def test_unwritable_output_dir(tmp_path, capsys):
 
 
 def test_target_draft_mismatch_refused_for_training():
+    from dflash_robot.drafts.validation import check_compatible
     from dflash_robot.errors import IncompatibleDraftError
-    from dflash_robot.target import HFTargetAdapter
-    from dflash_robot.validation import check_compatible
+    from dflash_robot.targets.hf import HFTargetAdapter
 
     cfg = taught_target("llama").config
     other = type(cfg)(**{**cfg.to_dict(), "num_hidden_layers": 12})
@@ -188,7 +188,7 @@ DDP_SCRIPT = r"""
 import os, sys, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
 from tiny import taught_target, MASK
-from dflash_robot.draft import build_draft
+from dflash_robot.drafts.model import build_draft
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 dist.init_process_group("gloo")
 torch.set_num_threads(1)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from tiny import random_prompt, taught_target, trained_draft
 
-from dflash_robot.checkpoint import load_draft, save_draft
-from dflash_robot.config import GenerationConfig
-from dflash_robot.loading import DFlashRuntime
+from dflash_robot.drafts.checkpoint import load_draft, save_draft
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.config import GenerationConfig
 
 zm._cuda_time = time.perf_counter  # the reference times with torch.cuda.synchronize
 

@@ -19,7 +19,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from dflash_robot.draft import DFlashDraft, build_draft
+from dflash_robot.drafts.model import DFlashDraft, build_draft
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
 VOCAB = 64
@@ -158,7 +158,7 @@ def find_stop_inside_run(rt, n: int, block_size: int = 16):
     with that stop token must cut inside an accepted run. Fails the test if none is found."""
     import pytest
 
-    from dflash_robot.config import GenerationConfig
+    from dflash_robot.runtime.config import GenerationConfig
 
     for seed in range(10):
         prompt = random_prompt(20, seed)
@@ -174,7 +174,7 @@ def find_stop_inside_run(rt, n: int, block_size: int = 16):
 def check_stop_inside_run(rt, family: str, n: int) -> None:
     """A stop token met inside an accepted run cuts the output right after it, equal to the
     target's own greedy decoding up to there; the runtime is reusable afterwards."""
-    from dflash_robot.config import GenerationConfig
+    from dflash_robot.runtime.config import GenerationConfig
 
     prompt, stop, seen = find_stop_inside_run(rt, n)
     cut = seen.index(stop) + 1

@@ -1,16 +1,20 @@
 """Self-distillation data: the target writes the responses it will later be drafted for.
 
-Prompt sources (see docs/TRAINING.md):
-- `self:N`: the target writes N user turns itself (Magpie-style), each seeded with a
-  topic prefix from `SEED_PREFIXES` and sampled at temperature 0.9;
-- `jsonl:PATH[:FIELD]`: prompts from a JSON-lines file (default field "prompt").
-Every prompt is checked against the evaluation sets that are installed (HumanEval,
-GSM8K, MT-Bench, AIME25, IFBench) and refused if it matches one.
+On disk, a data directory holds compact shards, one generation batch each:
 
-Responses are greedy continuations by the target, generated in batches. Output is a
-directory of JSON-lines shards, one record per sample: `input_ids` (prompt + response)
-and `response_start` (the loss mask is input_ids[response_start:]). Generation resumes
-after the last complete shard.
+    shard-00000.npz     tokens int32 [T] (all samples, concatenated), offsets int64 [n + 1],
+                        response_start int32 [n] (relative to the sample), source str
+    features/taps-1-14-27/shard-00000.npy
+                        bf16 bits as uint16 [T, n_taps * H]: the target's tapped hidden states
+                        (z-lab's meaning: hidden_states[id + 1], concatenated in id order)
+
+The shards are small (4 bytes a token) and committed; features are large (2 * n_taps * H bytes
+a token) and rebuilt by `ensure_features` where missing. Features captured while generating come
+from the same forward that wrote the tokens (forward hooks, no extra target pass).
+
+Prompt sources are in `prompts.py`. Every prompt is checked against the installed evaluation
+sets (HumanEval, GSM8K, MT-Bench, AIME25, IFBench) and refused if it matches one. Generation
+resumes after the last complete shard: shard k is a pure function of (schedule, seed, k).
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..errors import ConfigError
+from dflash_robot.errors import ConfigError
+from dflash_robot.training import prompts as P
 
 SEED_PREFIXES = [
     "Write a Python function that", "Write a Python program to", "Implement a function in Python",
@@ -42,7 +49,7 @@ def _norm(text: str) -> str:
 
 def evaluation_prompts() -> set[str]:
     """Normalised prompts of every installed evaluation set (never trained on)."""
-    from ..bench_data import load_all_eval_prompts  # lazy: optional packages
+    from dflash_robot.bench.datasets import load_all_eval_prompts  # lazy: optional packages
 
     return {_norm(p) for p in load_all_eval_prompts()}
 
@@ -59,112 +66,300 @@ def check_not_evaluation(prompts: list[str], eval_set: set[str]) -> list[str]:
     return keep
 
 
-def jsonl_prompts(spec: str) -> list[str]:
-    parts = spec.split(":")
-    path = Path(parts[1])
-    field = parts[2] if len(parts) > 2 else "prompt"
-    if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist")
+# ---------------------------------------------------------------- schedule of sources
+
+def parse_sources(spec: str) -> list[tuple[str, int]]:
+    """'docstring:40,math:30,self:10' -> [(source, batches)]; shards cycle through the list."""
     out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            out.append(str(json.loads(line)[field]))
+    for part in spec.split(","):
+        name, _, n = part.partition(":")
+        if name not in P.SOURCES:
+            raise ConfigError(f"unknown prompt source {name!r}: choose from {', '.join(P.SOURCES)}")
+        try:
+            count = int(n) if n else 1
+        except ValueError:
+            raise ConfigError(f"prompt source {part!r}: the weight after ':' must be an integer") from None
+        if count < 1:
+            raise ConfigError(f"prompt source {part!r}: the weight must be >= 1")
+        out.append((name, count))
     return out
 
 
+def source_of_shard(schedule: list[tuple[str, int]], k: int) -> str:
+    """Shards interleave sources in proportion to their weights (deterministic)."""
+    cycle = [name for name, w in schedule for _ in range(w)]
+    order = list(range(len(cycle)))
+    random.Random(len(cycle)).shuffle(order)
+    return cycle[order[k % len(cycle)]]
+
+
+# ---------------------------------------------------------------- generation
+
+class FeatureTap:
+    """Forward hooks that record the tapped hidden states of every forward call.
+
+    `hidden_states[id + 1]` is the output of decoder layer `id`, except for the last layer,
+    whose tapped state comes after the final norm (transformers' convention)."""
+
+    def __init__(self, model: Any, layer_ids: Sequence[int]):
+        inner = model.model
+        n = len(inner.layers)
+        self.parts: list[list[torch.Tensor]] = [[] for _ in layer_ids]
+        self.handles = []
+        for j, lid in enumerate(layer_ids):
+            mod = inner.norm if lid == n - 1 else inner.layers[lid]
+            self.handles.append(mod.register_forward_hook(self._hook(j)))
+
+    def _hook(self, j: int):  # type: ignore[no-untyped-def]
+        def f(_m, _inp, out):  # type: ignore[no-untyped-def]
+            h = out[0] if isinstance(out, tuple) else out
+            self.parts[j].append(h.detach().to(torch.bfloat16))
+        return f
+
+    def take(self) -> torch.Tensor:
+        """-> [B, T, n_taps * H] over all recorded calls, then clears."""
+        feats = torch.cat([torch.cat(p, dim=1) for p in self.parts], dim=-1)
+        self.parts = [[] for _ in self.parts]
+        return feats
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 @torch.inference_mode()
-def _batch_generate(model: Any, tok: Any, texts: list[str], max_new: int, temperature: float,
-                    stop: list[int], seed: int) -> list[list[int]]:
+def batch_generate(model: Any, tok: Any, texts: list[str], max_new: int, temperature: float,
+                   stop: list[int], seed: int, tap: FeatureTap | None = None
+                   ) -> tuple[list[list[int]], list[list[int]], torch.Tensor | None, int]:
+    """-> (prompt ids per row, response ids per row (cut after a stop token), features [B, T, F]
+    or None, left-pad width P). Row i's prompt occupies feature columns P - len(prompt_i) .. P."""
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
     out = model.generate(**enc, max_new_tokens=max_new, do_sample=temperature > 0,
                          temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
                          eos_token_id=stop, pad_token_id=tok.pad_token_id)
+    width = enc["input_ids"].shape[1]
+    prompts = [row[m.bool()].tolist() for row, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
     res = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+    for row in out[:, width:].tolist():
         cut = next((i for i, t in enumerate(row) if t in stop), None)
         res.append(row[:cut + 1] if cut is not None else row)
-    return res
+    feats = tap.take() if tap is not None else None
+    return prompts, res, feats, width
 
 
-def self_prompts(model: Any, tok: Any, n: int, batch: int, seed: int) -> Iterator[str]:
-    """The target writes user turns itself, seeded by topic prefixes."""
-    rng = random.Random(seed)
+def self_written(model: Any, tok: Any, instructions: list[str] | None, n: int, rng: random.Random,
+                 seed: int) -> list[str]:
+    """The target writes user turns: continuing a user-turn prefix (Magpie), or answering an
+    instruction (selfmath). Sampled at temperature 0.9."""
     stop = [tok.eos_token_id]
-    done = 0
-    while done < n:
-        prefixes = [rng.choice(SEED_PREFIXES) for _ in range(batch)]
-        heads = [tok.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False).split("X")[0]
-                 + p for p in prefixes]
-        outs = _batch_generate(model, tok, heads, 64, 0.9, stop, seed + done)
-        for p, o in zip(prefixes, outs, strict=True):
-            text = (p + tok.decode(o, skip_special_tokens=True)).strip()
-            if len(text) > len(p) + 8:
-                yield text
-                done += 1
+    if instructions is None:
+        prefixes = [rng.choice(SEED_PREFIXES) for _ in range(n)]
+        head = tok.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False).split("X")[0]
+        _, outs, _, _ = batch_generate(model, tok, [head + p for p in prefixes], 64, 0.9, stop, seed)
+        texts = [(p + tok.decode(o, skip_special_tokens=True)).strip() for p, o in zip(prefixes, outs, strict=True)]
+        return [t for t, p in zip(texts, prefixes, strict=True) if len(t) > len(p) + 8]
+    chats = [tok.apply_chat_template([{"role": "user", "content": i}], add_generation_prompt=True, tokenize=False)
+             for i in instructions]
+    _, outs, _, _ = batch_generate(model, tok, chats, 128, 0.9, stop, seed)
+    texts = [tok.decode(o, skip_special_tokens=True).strip() for o in outs]
+    return [t + P.GSM8K_SUFFIX for t in texts if 40 < len(t) < 700]
 
 
-def generate_dataset(model: Any, tok: Any, out_dir: str | Path, prompt_source: str, num_samples: int,
-                     max_new_tokens: int = 256, batch_size: int = 16, shard_size: int = 64,
-                     seed: int = 0) -> Path:
-    """Write shards `data-{k:05d}.jsonl` of greedy target responses; resumes after complete shards."""
+def shard_prompts(model: Any, tok: Any, source: str, n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    if source in P.STATIC_SOURCES:
+        return P.STATIC_SOURCES[source](rng, n)
+    if source == "selfmath":
+        return self_written(model, tok, P.selfmath_instructions(rng, n), n, rng, seed)
+    return self_written(model, tok, None, n, rng, seed)
+
+
+@dataclass
+class Shard:
+    tokens: np.ndarray          # int32 [T]
+    offsets: np.ndarray         # int64 [n + 1]
+    response_start: np.ndarray  # int32 [n]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.response_start)
+
+    def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (input_ids [S], loss_mask [S]) of sample i."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        ids = torch.from_numpy(self.tokens[a:b].astype(np.int64))
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[int(self.response_start[i]):] = True
+        return ids, mask
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.stem + ".tmp.npz")
+        np.savez_compressed(tmp, tokens=self.tokens, offsets=self.offsets, response_start=self.response_start,
+                            source=np.array(self.source))
+        tmp.replace(path)  # a shard appears only when complete
+
+    @classmethod
+    def load(cls, path: Path) -> Shard:
+        try:
+            z = np.load(path)
+            return cls(z["tokens"], z["offsets"], z["response_start"], str(z["source"]))
+        except Exception as e:  # noqa: BLE001 - numpy/zipfile raise many types
+            raise ConfigError(f"{path}: corrupt or truncated data shard ({type(e).__name__}: {e})") from e
+
+
+def taps_dir(data_dir: Path, layer_ids: Sequence[int]) -> Path:
+    return data_dir / "features" / ("taps-" + "-".join(str(i) for i in layer_ids))
+
+
+def _save_features(path: Path, feats: torch.Tensor) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.npy")
+    np.save(tmp, feats.contiguous().view(torch.uint16).numpy())
+    tmp.replace(path)
+
+
+def generate_dataset(model: Any, tok: Any, out_dir: str | Path, sources: str, num_shards: int,
+                     max_new_tokens: int = 256, batch_size: int = 64, seed: int = 0,
+                     feature_layer_ids: Sequence[int] | None = None) -> Path:
+    """Write shards `shard-{k:05d}.npz` of greedy target responses (and, with
+    `feature_layer_ids`, their tapped features); resumes after the complete shards."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    schedule = parse_sources(sources)
     tok.padding_side = "left"
-    done_shards = sorted(out.glob("data-*.jsonl"))
-    have = sum(1 for s in done_shards for _ in s.open())
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
     eval_set = evaluation_prompts()
-    if prompt_source.startswith("self"):
-        n = int(prompt_source.split(":")[1]) if ":" in prompt_source else num_samples
-        prompts: Iterator[str] = self_prompts(model, tok, n, batch_size, seed + have)
-    elif prompt_source.startswith("jsonl:"):
-        prompts = iter(jsonl_prompts(prompt_source)[have:])
-    else:
-        raise ConfigError(f"unknown prompt source {prompt_source!r}: use self:N or jsonl:PATH[:FIELD]")
     stop = [tok.eos_token_id]
-    bar = tqdm(total=num_samples, initial=have, desc="self-distillation", unit="sample")
-    shard_idx, buf = len(done_shards), []
-    pending: list[str] = []
-    while have < num_samples:
-        for p in prompts:
-            pending.append(p)
-            if len(pending) >= batch_size:
-                break
-        pending = check_not_evaluation(pending, eval_set)
-        if not pending:
-            break
-        chats = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                         tokenize=False) for p in pending]
-        outs = _batch_generate(model, tok, chats, max_new_tokens, 0.0, stop, seed)
-        for chat, resp in zip(chats, outs, strict=True):
-            ids = tok(chat, add_special_tokens=False)["input_ids"]
-            buf.append({"input_ids": ids + resp, "response_start": len(ids)})
-        have += len(pending)
-        bar.update(len(pending))
-        pending = []
-        while len(buf) >= shard_size or (buf and have >= num_samples):
-            path = out / f"data-{shard_idx:05d}.jsonl"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in buf[:shard_size]))
-            tmp.replace(path)  # a shard appears only when complete
-            buf, shard_idx = buf[shard_size:], shard_idx + 1
+    tap = FeatureTap(model, feature_layer_ids) if feature_layer_ids else None
+    fdir = taps_dir(out, feature_layer_ids) if feature_layer_ids else None
+    todo = [k for k in range(num_shards) if not (out / f"shard-{k:05d}.npz").exists()]
+    bar = tqdm(total=num_shards, initial=num_shards - len(todo), desc="self-distillation", unit="shard")
+    try:
+        for k in todo:
+            source = source_of_shard(schedule, k)
+            shard_seed = seed * 100_003 + k
+            texts = check_not_evaluation(shard_prompts(model, tok, source, batch_size, shard_seed), eval_set)
+            if tap is not None:
+                tap.take() if any(tap.parts) else None  # drop what the prompt-writing pass recorded
+            if not texts:
+                continue
+            chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                             tokenize=False) for t in texts]
+            prompts, resps, feats, width = batch_generate(model, tok, chats, max_new_tokens, 0.0, stop, seed, tap)
+            shard = _pack(prompts, resps, source)
+            if feats is not None and fdir is not None:
+                _save_features(fdir / f"shard-{k:05d}.npy", _unpad_features(feats, prompts, resps, width))
+            shard.save(out / f"shard-{k:05d}.npz")
+            bar.update(1)
+            bar.set_postfix(source=source, tokens=int(shard.tokens.size))
+    finally:
+        if tap is not None:
+            tap.remove()
     return out
+
+
+def _pack(prompts: list[list[int]], resps: list[list[int]], source: str) -> Shard:
+    seqs = [p + r for p, r in zip(prompts, resps, strict=True)]
+    offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
+    tokens = np.array([t for s in seqs for t in s], dtype=np.int32)
+    return Shard(tokens, offsets, np.array([len(p) for p in prompts], dtype=np.int32), source)
+
+
+def _unpad_features(feats: torch.Tensor, prompts: list[list[int]], resps: list[list[int]], width: int
+                    ) -> torch.Tensor:
+    """feats [B, T, F] (left-padded prompt, then one column per fed-back token) -> [sum S_i, F].
+    The last response token is never fed back, so its row is zero (no anchor ever reads it)."""
+    rows = []
+    for i, (p, r) in enumerate(zip(prompts, resps, strict=True)):
+        s = len(p) + len(r)
+        f = feats[i, width - len(p): width - len(p) + s]
+        if f.shape[0] < s:
+            f = torch.cat([f, f.new_zeros(s - f.shape[0], f.shape[1])])
+        rows.append(f)
+    return torch.cat(rows)
+
+
+# ---------------------------------------------------------------- reading
+
+def shard_paths(data_dir: str | Path) -> list[Path]:
+    return sorted(Path(data_dir).glob("shard-*.npz"))
+
+
+class FeatureStore:
+    """Memory-mapped tapped features of one data directory, for a given set of layer ids
+    (any subset of a stored tap set, in the same order)."""
+
+    def __init__(self, data_dir: Path, layer_ids: Sequence[int], hidden: int):
+        self.cols: list[slice] = []
+        self.maps: dict[str, np.ndarray] = {}
+        self.dir = None
+        for d in sorted((data_dir / "features").glob("taps-*")):
+            stored = [int(x) for x in d.name[5:].split("-")]
+            if all(i in stored for i in layer_ids):
+                self.dir = d
+                self.cols = [slice(stored.index(i) * hidden, (stored.index(i) + 1) * hidden) for i in layer_ids]
+                break
+
+    def get(self, shard: str, a: int, b: int) -> torch.Tensor | None:
+        if self.dir is None:
+            return None
+        if shard not in self.maps:
+            p = self.dir / f"{shard}.npy"
+            if not p.exists():
+                return None
+            self.maps[shard] = np.load(p, mmap_mode="r")
+        m = self.maps[shard]
+        rows = torch.from_numpy(np.ascontiguousarray(m[a:b])).view(torch.bfloat16)
+        return torch.cat([rows[:, c] for c in self.cols], dim=-1)
 
 
 def load_dataset(data_dir: str | Path, max_len: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """-> [(input_ids [S], loss_mask [S])] from the shards."""
-    shards = sorted(Path(data_dir).glob("data-*.jsonl"))
-    if not shards:
-        raise ConfigError(f"no training data in {data_dir} (expected data-*.jsonl shards)")
+    """-> [(input_ids [S], loss_mask [S])] from the shards, each cut to `max_len` tokens."""
+    return [(ids, m) for ids, m, _ in iter_samples(data_dir, max_len)]
+
+
+def iter_samples(data_dir: str | Path, max_len: int = 512) -> list[tuple[torch.Tensor, torch.Tensor, tuple]]:
+    """-> [(input_ids, loss_mask, (shard name, start row, end row))]; the key locates its features."""
+    paths = shard_paths(data_dir)
+    if not paths:
+        raise ConfigError(f"no training data in {data_dir} (expected shard-*.npz files)")
     out = []
-    for s in shards:
-        for line in s.open():
-            r = json.loads(line)
-            ids = torch.tensor(r["input_ids"][:max_len])
-            mask = torch.zeros_like(ids, dtype=torch.bool)
-            mask[r["response_start"]:] = True
+    for p in paths:
+        shard = Shard.load(p)
+        for i in range(len(shard)):
+            ids, mask = shard.sample(i)
+            ids, mask = ids[:max_len], mask[:max_len]
             if mask[1:].any():
-                out.append((ids, mask))
+                a = int(shard.offsets[i])
+                out.append((ids, mask, (p.stem, a, a + ids.shape[0])))
     if not out:
         raise ConfigError(f"{data_dir}: the shards hold no sample with response tokens")
     return out
+
+
+def data_stats(data_dir: str | Path) -> dict[str, Any]:
+    """Counts for docs and logs: samples, tokens, response tokens, per source."""
+    per: dict[str, dict[str, int]] = {}
+    for p in shard_paths(data_dir):
+        s = Shard.load(p)
+        d = per.setdefault(s.source, {"samples": 0, "tokens": 0, "response_tokens": 0})
+        d["samples"] += len(s)
+        d["tokens"] += int(s.tokens.size)
+        d["response_tokens"] += int(sum(int(s.offsets[i + 1] - s.offsets[i]) - int(s.response_start[i])
+                                        for i in range(len(s))))
+    total = {k: sum(v[k] for v in per.values()) for k in ("samples", "tokens", "response_tokens")}
+    return {"total": total, "per_source": per}
+
+
+def convert_jsonl(src: str | Path, dst: str | Path, source: str = "self", shard_size: int = 64) -> int:
+    """One-off: the earlier JSON-lines shards (input_ids, response_start) -> npz shards."""
+    recs = [json.loads(line) for s in sorted(Path(src).glob("data-*.jsonl")) for line in s.open() if line.strip()]
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    for k in range(0, len(recs), shard_size):
+        part = recs[k:k + shard_size]
+        prompts = [r["input_ids"][:r["response_start"]] for r in part]
+        shard = _pack(prompts, [r["input_ids"][r["response_start"]:] for r in part], source)
+        shard.save(Path(dst) / f"shard-v1-{k // shard_size:05d}.npz")
+    return len(recs)

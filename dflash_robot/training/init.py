@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..draft import DFlashDraft
-from ..errors import ConfigError, IncompatibleDraftError
+from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.errors import ConfigError, IncompatibleDraftError
 
 _LAYER_PARAMS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -74,7 +74,7 @@ def init_from_target(draft: DFlashDraft, target: Any) -> list[str]:
 @torch.no_grad()
 def init_from_draft(draft: DFlashDraft, path: str | Path) -> None:
     """Load an existing draft's weights into `draft` (shapes and metadata must agree)."""
-    from ..checkpoint import load_draft
+    from dflash_robot.drafts.checkpoint import load_draft
 
     src = load_draft(path)
     a, b = src.metadata, draft.metadata
@@ -82,11 +82,13 @@ def init_from_draft(draft: DFlashDraft, path: str | Path) -> None:
         if getattr(a, field) != getattr(b, field):
             raise IncompatibleDraftError(
                 f"--init draft:{path}: its {field} is {getattr(a, field)}, the run asks for {getattr(b, field)}")
-    theirs, ours = src.state_dict(), draft.state_dict()
+    vocab = ("d2t", "t2d")  # the draft vocabulary is the run's own choice
+    theirs = {k: v for k, v in src.state_dict().items() if k not in vocab}
+    ours = {k: v for k, v in draft.state_dict().items() if k not in vocab}
     bad = [k for k in ours if k not in theirs or theirs[k].shape != ours[k].shape]
     if bad:
         raise IncompatibleDraftError(f"--init draft:{path}: shapes differ from this run's draft at {bad[:4]}")
-    draft.load_state_dict({k: v.to(ours[k].dtype) for k, v in theirs.items() if k in ours}, strict=True)
+    draft.load_state_dict({k: v.to(ours[k].dtype) for k, v in theirs.items() if k in ours}, strict=False)
 
 
 def initialise(draft: DFlashDraft, target: Any, spec: str) -> list[str]:

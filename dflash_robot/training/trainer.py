@@ -1,7 +1,10 @@
-"""The training loop: frozen target features, the block objective, AdamW with warm-up + cosine.
+"""The training step: frozen target features, the block objective, AdamW with warm-up + cosine.
 
-Target features are computed with one no-grad target forward per sequence, and optionally
-kept in memory (`cache_features=True`) so later epochs skip the target; see docs/TRAINING.md.
+Target features come from a `FeatureStore` (memory-mapped bf16 on disk, written once per
+sample by `training.data`) when one is given and holds the sample; otherwise from one no-grad
+target forward, optionally kept in memory (`cache_features=True`). With a draft vocabulary
+(`DFlashDraft.vocab_ids`) the head and the loss cover only those N tokens: labels outside
+it get weight 0 and count as misses in the acceptance estimate. See docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..draft import DFlashDraft
-from . import objective
+from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.training import objective
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class DraftTrainer:
     """Trains `draft` against a frozen `target` (a transformers causal LM)."""
 
     def __init__(self, target: Any, draft: DFlashDraft, cfg: OptimConfig,
-                 ddp_module: nn.Module | None = None, cache_features: bool = False):
+                 ddp_module: nn.Module | None = None, cache_features: bool = False, store: Any = None):
         self.target = target.eval().requires_grad_(False)
         self.draft = draft.train()
         self.module = ddp_module or draft  # the module whose forward is called (DDP wrapper or draft)
@@ -68,11 +71,21 @@ class DraftTrainer:
         self.step = 0
         self.cache_features = cache_features
         self.feature_cache: dict[object, torch.Tensor] = {}
+        self.store = store  # training.data.FeatureStore or None
+        ids = draft.vocab_ids
+        self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
+        if ids is not None:
+            self.label_index = torch.full((self.embed.shape[0],), -1, dtype=torch.long)
+            self.label_index[ids.cpu()] = torch.arange(ids.shape[0])
 
     def features(self, input_ids: torch.Tensor, key: object | None) -> torch.Tensor:
         """Target features of a sequence, from the in-memory cache when `key` was seen before."""
         if key is not None and key in self.feature_cache:
             return self.feature_cache[key]
+        if self.store is not None and isinstance(key, tuple) and len(key) == 3:
+            stored = self.store.get(*key)
+            if stored is not None:
+                return stored.to(self.draft.fc.weight.dtype)
         feats = target_features(self.target, input_ids, self.draft.metadata.target_layer_ids)
         if key is not None and self.cache_features:
             self.feature_cache[key] = feats
@@ -93,6 +106,10 @@ class DraftTrainer:
         mask = objective.block_mask(anchors, input_ids.shape[0], q)[None, None]
         noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
         ctx_pos = torch.arange(input_ids.shape[0], device=input_ids.device)[None]
+        if self.label_index is not None:  # columns of the draft vocabulary; outside it: no loss
+            cols = self.label_index.to(labels.device)[labels]
+            weights = weights * (cols >= 0)
+            labels = cols.clamp(min=0)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
             keep = weights > 0

@@ -1,0 +1,1 @@
+"""`dflash-robot bench`: offline prompt sets (`datasets`) and side-by-side runs (`runner`)."""

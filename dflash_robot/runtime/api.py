@@ -1,0 +1,283 @@
+"""`DFlashRuntime`: a target, its tokenizer and a validated draft, with a text-in/text-out API.
+
+    rt = DFlashRuntime.load()                              # the default target + shipped draft
+    out = rt.generate("Explain KV caches.", max_new_tokens=64)
+    out.text, out.mean_acceptance_length, out.tokens_per_second
+    for delta in rt.stream([{"role": "user", "content": "Hi!"}]):
+        print(delta, end="")
+
+`generate` and `stream` are thin layers over `RuntimeOrchestrator.stream` (token ids in,
+`StepEvent`s out), which stays available as `rt.orchestrator` for token-level use.
+Defaults match the CLI: 128 new tokens, greedy, stop at the tokenizer's and model's EOS,
+the chat template applied to text and to messages.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
+from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.drafts.validation import check_compatible
+from dflash_robot.errors import ConfigError, DFlashError
+from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.runtime.orchestrator import RuntimeOrchestrator, StepEvent
+from dflash_robot.runtime.policy import AdaptiveBlockSize, BlockSizePolicy
+from dflash_robot.runtime.proposer import DFlashProposer
+from dflash_robot.runtime.text import TextStream
+from dflash_robot.targets.base import TargetAdapter
+from dflash_robot.targets.factory import make_target_adapter
+from dflash_robot.targets.loading import default_target_path, load_target_model, parse_dtype
+
+DEFAULT_DRAFT = SHIPPED_DRAFT
+DEFAULT_COST_CACHE = Path.home() / ".cache" / "dflash-robot" / "costs.json"
+Prompt = str | Sequence[dict[str, str]] | Sequence[int]
+
+
+@dataclass
+class Completion:
+    """The result of `DFlashRuntime.generate`: text plus the statistics of its decode."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) | "length" (max_new_tokens reached)
+    prompt_tokens: int
+    acceptance_lengths: list[int]  # per verify step: accepted draft tokens + the bonus token
+    block_sizes: list[int]  # per verify step
+    time_to_first_token_s: float
+    decode_s: float  # after the first token
+    draft_s: float
+    verify_s: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass
+class DFlashRuntime:
+    """A target, its tokenizer and (optionally) a validated draft, ready to generate."""
+
+    target: TargetAdapter
+    tokenizer: Any
+    draft: DFlashDraft | None
+    orchestrator: RuntimeOrchestrator
+    info: dict[str, Any] = field(default_factory=dict)  # what it was loaded from (cost-curve key)
+    _costs: dict[int, float] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_models(cls, target_model: Any, draft: DFlashDraft | None, tokenizer: Any = None,
+                    prefill_chunk_size: int = 512, rollback: str | None = None,
+                    fast_linears: bool = False, engine: str = "hf") -> DFlashRuntime:
+        """`rollback` picks the strategy for stateful (hybrid) targets: "replay" or
+        "capture" (None = the measured default); attention-only targets always crop.
+        `engine` runs the target through transformers ("hf") or the lean engine ("lean",
+        `lean.py`; "auto" = lean where it supports the architecture, else hf); the lean
+        engine keeps its own packed copies and leaves `target_model` untouched.
+        `fast_linears` packs the fp32 CPU linears of both models for oneDNN, in place
+        (`fastpath.py`); off by default here because it changes the caller's modules."""
+        target = make_target_adapter(target_model, rollback, engine)
+        proposer = None
+        if draft is not None:
+            check_compatible(draft, target)
+        if fast_linears:
+            from dflash_robot.targets.fastpath import pack_linears
+            from dflash_robot.targets.hf import HFTargetAdapter
+
+            if isinstance(target, HFTargetAdapter):  # includes the stateful adapter; lean packs its own
+                pack_linears(target_model)
+            if draft is not None:
+                pack_linears(draft)
+        if draft is not None:
+            proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head())
+        rt = cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
+        rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears)
+        return rt
+
+
+    @classmethod
+    def load(cls, target: str | Path | None = None, draft: str | Path | None = None, *,
+             gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
+             device: str = "cpu", no_draft: bool = False, rollback: str | None = None,
+             fast_linears: bool = True, engine: str = "auto") -> DFlashRuntime:
+        """Load target (default: SmolLM2-135M-Instruct GGUF) and draft (default: the shipped one).
+
+        The draft is read first (it is small), so a bad draft path fails before the target
+        loads; it is cast to the target's dtype, and a draft that does not fit is refused.
+        `fast_linears` (default on) packs fp32 CPU linears for oneDNN; see `targets/fastpath.py`.
+        `engine` (default "auto"): the lean engine for Llama/Qwen2/Qwen3 targets, else transformers.
+        """
+        torch_dtype = parse_dtype(dtype)
+        d = None if no_draft else load_draft(draft or DEFAULT_DRAFT, dtype=torch_dtype, device=device)
+        target_path = Path(target) if target else default_target_path()
+        model, tok = load_target_model(target_path, gguf_file, torch_dtype, device)
+        rt = cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears, engine=engine)
+        rt.info.update(target=str(target_path.resolve()), gguf_file=gguf_file, dtype=str(torch_dtype),
+                       device=device, draft=str(Path(draft or DEFAULT_DRAFT).resolve()) if d is not None else None,
+                       fast_linears=fast_linears)
+        return rt
+
+    # --- text in, text out -------------------------------------------------------------
+
+    def encode(self, prompt: Prompt, chat: bool = True) -> list[int]:
+        """Text (a user turn), chat messages, or token ids -> prompt token ids. The chat
+        template is applied to text when `chat` and the tokenizer has one, always to messages."""
+        if not isinstance(prompt, str) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)  # type: ignore[arg-type]
+        if self.tokenizer is None:
+            raise ConfigError("this target has no tokenizer; pass token ids (CLI: --input-ids)")
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        if isinstance(prompt, str):
+            if not chat or not has_template:
+                return list(self.tokenizer(prompt)["input_ids"])
+            messages: Sequence[dict[str, str]] = [{"role": "user", "content": prompt}]
+        else:
+            messages = prompt  # type: ignore[assignment]
+            if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+                raise ConfigError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+            if not has_template:
+                raise ConfigError("this tokenizer has no chat template; pass text with chat=False")
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def stop_token_ids(self, extra: Sequence[int] = ()) -> tuple[int, ...]:
+        """`extra` plus every EOS the tokenizer, the model config and its generation config name."""
+        ids = set(extra)
+        model = getattr(self.target, "model", None)
+        for src in (getattr(self.tokenizer, "eos_token_id", None),
+                    getattr(getattr(model, "config", None), "eos_token_id", None),
+                    getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(i) for i in src)
+        return tuple(sorted(ids))
+
+    def config(self, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               block_size: int | None = None, seed: int | None = 0, stop_token_ids: Sequence[int] = (),
+               verify_mode: str = "batched") -> GenerationConfig:
+        """A validated `GenerationConfig` with this model's EOS ids as stop tokens."""
+        return GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size,
+                                sampling=SamplingConfig(temperature, top_p, top_k),
+                                stop_token_ids=self.stop_token_ids(stop_token_ids), seed=seed,
+                                verify_mode=verify_mode)
+
+    def events(self, prompt: Prompt, cfg: GenerationConfig, policy: BlockSizePolicy | None = None,
+               chat: bool = True) -> Generator[StepEvent, None, None]:
+        """Token-level steps for a text/messages/ids prompt (the orchestrator's generator)."""
+        return self.orchestrator.stream(self.encode(prompt, chat), cfg, policy)
+
+    def stream(self, prompt: Prompt, *, stop: Sequence[str] = (), adaptive: bool = False, chat: bool = True,
+               **settings: Any) -> Iterator[str]:
+        """Yield text deltas. `settings` are those of `config` (max_new_tokens, temperature,
+        top_p, top_k, block_size, seed, stop_token_ids, verify_mode)."""
+        cfg = self.config(**settings)
+        policy = self.adaptive_policy() if adaptive else None
+        text = TextStream(self.tokenizer, stop) if self.tokenizer is not None else None
+        if text is None:
+            raise ConfigError("stream() returns text and needs a tokenizer; use events() for token ids")
+        gen = self.events(prompt, cfg, policy, chat)
+        try:
+            for ev in gen:
+                delta = text.push(ev.tokens)
+                if delta:
+                    yield delta
+                if text.stopped:
+                    return
+            tail = text.finish()
+            if tail:
+                yield tail
+        finally:
+            gen.close()  # frees the engine at once, also when the caller stops early
+
+    def generate(self, prompt: Prompt, *, stop: Sequence[str] = (), adaptive: bool = False, chat: bool = True,
+                 **settings: Any) -> Completion:
+        """Generate to the end and return the text with its statistics (see `stream`)."""
+        cfg = self.config(**settings)
+        ids = self.encode(prompt, chat)
+        policy = self.adaptive_policy() if adaptive else None
+        text = TextStream(self.tokenizer, stop) if self.tokenizer is not None else None
+        tokens: list[int] = []
+        acc: list[int] = []
+        sizes: list[int] = []
+        ttft = draft_s = verify_s = 0.0
+        reason = "length"
+        t0 = time.perf_counter()
+        gen = self.orchestrator.stream(ids, cfg, policy)
+        for ev in gen:
+            if ev.acceptance_length is None:
+                ttft = time.perf_counter() - t0
+            else:
+                acc.append(ev.acceptance_length)
+                sizes.append(ev.block_size)
+                draft_s += ev.draft_s
+                verify_s += ev.verify_s
+            tokens.extend(ev.tokens)
+            reason = ev.finish_reason or reason
+            if text is not None:
+                text.push(ev.tokens)
+                if text.stopped:
+                    reason = "stop"
+                    gen.close()
+                    break
+        total = time.perf_counter() - t0
+        if text is not None:
+            text.finish()
+        return Completion(text.text if text is not None else "", tokens, reason, len(ids), acc, sizes, ttft,
+                          max(total - ttft, 0.0), draft_s, verify_s)
+
+    # --- adaptive block size -----------------------------------------------------------
+
+    def cost_key(self) -> str:
+        """What an iteration-cost curve depends on: package, engine, precision, machine, models."""
+        from dflash_robot import __version__
+
+        i = self.info
+        return "|".join([f"dflash-robot {__version__}", f"torch {torch.__version__}", type(self.target).__name__,
+                         str(self.target.dtype), str(self.target.device), f"threads {torch.get_num_threads()}",
+                         platform.machine(), platform.processor() or "?", _cpu_model(), str(i.get("target")),
+                         str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}"])
+
+    def adaptive_policy(self, cost_cache: str | Path | None = DEFAULT_COST_CACHE,
+                        progress: Any = None) -> AdaptiveBlockSize:
+        """An `AdaptiveBlockSize` over this runtime's measured cost curve (cached, expiring)."""
+        from dflash_robot.runtime.policy import load_or_measure_costs
+
+        if self.draft is None:
+            raise ConfigError("adaptive block size needs a draft")
+        if self._costs is None:
+            qs = list(range(1, self.draft.metadata.training_block_size + 1))
+            self._costs = load_or_measure_costs(self, qs, cost_cache, self.cost_key(), progress=progress)
+        return AdaptiveBlockSize(self._costs, self.draft.metadata.training_block_size)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+__all__ = ["DEFAULT_DRAFT", "Completion", "DFlashError", "DFlashRuntime"]

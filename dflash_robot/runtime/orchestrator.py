@@ -1,0 +1,225 @@
+"""The decode loop (paper Sec. 3.1): prefill, then draft -> verify -> accept -> roll back.
+
+`RuntimeOrchestrator.stream` is the one step generator; `generate`, the CLI, the
+benchmark and the server are thin layers over it. Block size 1 skips the draft, so the
+autoregressive baseline is this same loop.
+
+One iteration, with q the block size and `last` the last committed token:
+1. block = [last, mask * (q-1)]; the draft turns the features committed since the last
+   iteration plus the block into logits for positions 1..q-1 and drafts tokens.
+2. The target verifies the block in one forward (logits [q, V], features [q, n*H]).
+3. Acceptance (pure tensors, `acceptance.py`) gives a and tokens [q]; stop tokens and the
+   token budget are folded in on the device.
+4. ONE device->host transfer reads [a, first_stop, tokens...] back.  <- the only sync
+5. The target cache keeps `produced` block tokens; their features feed the next draft.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash_robot.errors import ConfigError
+from dflash_robot.runtime.acceptance import Acceptance, greedy_accept, rejection_accept
+from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.runtime.policy import BlockSizePolicy, FixedBlockSize
+from dflash_robot.runtime.proposer import DraftAdapter
+from dflash_robot.runtime.sampling import next_token, sample_from, sampling_probs
+from dflash_robot.targets.base import TargetAdapter
+
+
+@dataclass
+class StepEvent:
+    """What one step committed. The prefill step has acceptance_length None."""
+
+    tokens: list[int]
+    acceptance_length: int | None  # accepted drafts + bonus, after the budget cap and stop cut
+    block_size: int
+    draft_s: float  # host wall time; on an asynchronous device (CUDA) the draft/verify split is
+    verify_s: float  # approximate, since the loop adds no sync to measure it
+    finish_reason: str | None = None  # "stop" | "length" | None while running
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    acceptance_lengths: list[int]
+    block_sizes: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    time_to_first_token_s: float
+    decode_s: float  # after the first token
+    draft_s: float
+    verify_s: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: tokens after the first over the time after the first."""
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+class RuntimeOrchestrator:
+    def __init__(self, target: TargetAdapter, drafter: DraftAdapter | None = None,
+                 prefill_chunk_size: int = 512):
+        if not isinstance(prefill_chunk_size, int) or prefill_chunk_size < 1:
+            raise ConfigError(f"prefill_chunk_size must be an integer >= 1, got {prefill_chunk_size!r}")
+        self.target = target
+        self.drafter = drafter
+        self.prefill_chunk_size = prefill_chunk_size
+
+    def _policy(self, cfg: GenerationConfig, policy: BlockSizePolicy | None) -> BlockSizePolicy:
+        if self.drafter is None:
+            if (cfg.block_size or 1) != 1:
+                raise ConfigError("block size > 1 needs a draft")
+            return FixedBlockSize(1)
+        meta = self.drafter.metadata
+        if policy is not None:
+            meta.check_block_size(policy.max_block_size)
+            return policy
+        return FixedBlockSize(meta.check_block_size(cfg.block_size or meta.block_size))
+
+    def stream(self, prompt_ids: Sequence[int] | torch.Tensor, cfg: GenerationConfig,
+               policy: BlockSizePolicy | None = None) -> Generator[StepEvent, None, None]:
+        """Yield one StepEvent per step until a stop token or max_new_tokens."""
+        policy = self._policy(cfg, policy)
+        tgt = self.target
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=tgt.device).flatten()
+        if ids.numel() == 0:
+            raise ConfigError("the prompt is empty; at least one token is needed")
+        if int(ids.max()) >= tgt.vocab_size or int(ids.min()) < 0:
+            raise ConfigError(f"prompt token ids must be in [0, {tgt.vocab_size})")
+        limit = getattr(tgt, "max_length", None)
+        # the last position ever verified is P + max_new_tokens - 1 (q <= remaining + 1)
+        if limit is not None and ids.numel() + cfg.max_new_tokens > limit:
+            raise ConfigError(f"request too long: {ids.numel()} prompt + {cfg.max_new_tokens} new tokens "
+                              f"exceeds the target's {limit} positions")
+        if cfg.max_new_tokens == 0:
+            return
+        gen = torch.Generator(device=tgt.device)
+        gen.manual_seed(cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**63))
+        sampling = cfg.sampling
+        tap = self.drafter.metadata.target_layer_ids if self.drafter is not None and policy.max_block_size > 1 \
+            else None
+        stops = torch.tensor(sorted(set(cfg.stop_token_ids)) or [-1], device=tgt.device)
+
+        t0 = time.perf_counter()
+        out = tgt.prefill(ids, tap, self.prefill_chunk_size)
+        first = next_token(out.logits[-1], sampling, gen)
+        last = first.view(1)
+        first_id = int(first)  # sync: the first token is emitted now (TTFT)
+        generated = 1
+        done = "stop" if first_id in cfg.stop_token_ids else ("length" if cfg.max_new_tokens == 1 else None)
+        yield StepEvent([first_id], None, 1, 0.0, time.perf_counter() - t0, done)
+        if done:
+            return
+        features = out.features
+        if self.drafter is not None and tap is not None:
+            self.drafter.reset()
+        history: list[int] = []
+        mask_id = self.drafter.metadata.mask_token_id if self.drafter is not None else 0
+        while True:
+            remaining = cfg.max_new_tokens - generated
+            q = min(self._checked_block_size(policy, history), remaining + 1)
+            t_start = time.perf_counter()
+            block, draft_probs = self._draft(last, features, q, mask_id, sampling, gen)
+            t_draft = time.perf_counter()
+            snap = tgt.snapshot()
+            vout = tgt.verify(block, tap, sequential=cfg.verify_mode == "sequential")
+            acc = self._accept(block, vout.logits, draft_probs, sampling, gen)
+            # one transfer: [a, first stop index within the committed run, tokens...]
+            is_stop = torch.isin(acc.tokens, stops)
+            first_stop = torch.where(is_stop.any(), is_stop.to(torch.int64).argmax(), q)
+            host = torch.cat([acc.num_accepted.view(1), first_stop.view(1), acc.tokens]).tolist()
+            a, stop_at, toks = host[0], host[1], host[2:]
+            produced = min(a + 1, remaining)
+            reason = "length" if produced == remaining else None
+            if stop_at < produced:
+                produced, reason = stop_at + 1, "stop"
+            tgt.rollback(snap, produced)
+            generated += produced
+            history.append(produced)
+            if tap is not None:
+                new = vout.features[:produced]  # type: ignore[index]
+                # at q == 1 the draft did not run: keep the features it has not consumed yet
+                features = new if q > 1 else torch.cat([features, new])  # type: ignore[list-item]
+            last = acc.tokens[produced - 1:produced]
+            yield StepEvent(toks[:produced], produced, q, t_draft - t_start,
+                            time.perf_counter() - t_draft, reason)
+            if reason:
+                return
+
+    @staticmethod
+    def _checked_block_size(policy: BlockSizePolicy, history: list[int]) -> int:
+        q = policy.next_block_size(history)
+        if not isinstance(q, int) or not 1 <= q <= policy.max_block_size:
+            raise ConfigError(f"block-size policy {type(policy).__name__} returned {q!r}, outside "
+                              f"1..{policy.max_block_size}")
+        return q
+
+    def _draft(self, last: torch.Tensor, features: torch.Tensor | None, q: int, mask_id: int,
+               sampling: SamplingConfig, gen: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> block [q] = [last, d_1..d_{q-1}], and draft probs [q-1, V] when sampling."""
+        if q == 1:
+            return last, None
+        assert self.drafter is not None and features is not None
+        block = torch.full((q,), mask_id, dtype=torch.long, device=last.device)
+        block[:1] = last
+        logits = self.drafter.propose(features, block)  # [q-1, V], or [q-1, N] over vocab_ids
+        ids = self.drafter.vocab_ids  # [N] or None
+        if sampling.greedy:
+            drafted = logits.argmax(dim=-1)
+            block[1:] = drafted if ids is None else ids[drafted]
+            return block, None
+        probs = sampling_probs(logits, sampling)
+        drafted = sample_from(probs, gen)
+        if ids is None:
+            block[1:] = drafted
+            return block, probs
+        block[1:] = ids[drafted]  # the draft's distribution on the full vocabulary: zero off vocab_ids
+        full = probs.new_zeros(probs.shape[0], self.target.vocab_size)
+        return block, full.index_copy_(1, ids, probs)
+
+    @staticmethod
+    def _accept(block: torch.Tensor, logits: torch.Tensor, draft_probs: torch.Tensor | None,
+                sampling: SamplingConfig, gen: torch.Generator) -> Acceptance:
+        if sampling.greedy:
+            return greedy_accept(block[1:], logits)
+        target_probs = sampling_probs(logits, sampling)  # [q, V]
+        if draft_probs is None:
+            draft_probs = target_probs.new_zeros(0, target_probs.shape[-1])
+        return rejection_accept(block[1:], draft_probs, target_probs, gen)
+
+    def generate(self, prompt_ids: Sequence[int] | torch.Tensor, cfg: GenerationConfig,
+                 policy: BlockSizePolicy | None = None) -> GenerationResult:
+        t0 = time.perf_counter()
+        tokens: list[int] = []
+        acc: list[int] = []
+        sizes: list[int] = []
+        ttft = draft_s = verify_s = 0.0
+        reason = "length"
+        n_prompt = int(torch.as_tensor(prompt_ids).numel())
+        for ev in self.stream(prompt_ids, cfg, policy):
+            if ev.acceptance_length is None:
+                ttft = time.perf_counter() - t0
+            else:
+                acc.append(ev.acceptance_length)
+                sizes.append(ev.block_size)
+                draft_s += ev.draft_s
+                verify_s += ev.verify_s
+            tokens.extend(ev.tokens)
+            reason = ev.finish_reason or reason
+        total = time.perf_counter() - t0
+        return GenerationResult(tokens, acc, sizes, reason, n_prompt, ttft,
+                                max(total - ttft, 0.0), draft_s, verify_s)

@@ -1,0 +1,92 @@
+"""`HFTargetAdapter`: any transformers causal LM with an attention-only cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from dflash_robot.errors import UnsupportedModelError
+from dflash_robot.targets.base import CacheSnapshot, ChunkedForwardAdapter, TargetOutput
+from dflash_robot.targets.capabilities import is_stateful
+
+
+class HFTargetAdapter(ChunkedForwardAdapter):
+    """Any transformers causal LM with an attention-only (full or sliding-window) cache.
+
+    The cache is a `DynamicCache` with past recording active, so sliding-window layers
+    keep rejected tokens until the rollback's crop, which then restores the window.
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        if type(self) is HFTargetAdapter and is_stateful(model):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is stateful (linear-attention/SSM layers); "
+                "HFTargetAdapter supports attention-only targets: use make_target_adapter() "
+                "or StatefulTargetAdapter")
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.model = model.eval()
+        self.config = cfg
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.hidden_size = int(cfg.hidden_size)
+        emb: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[assignment]
+        self.vocab_size = int(emb.shape[0])
+        self.dtype: torch.dtype = emb.dtype
+        self.device: torch.device = emb.device
+        self.max_length: int | None = getattr(cfg, "max_position_embeddings", None)
+        self._cache: DynamicCache | None = None
+        self._len = 0
+
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._cache = DynamicCache(config=self.model.config)
+        self._cache.activate_past_recording()
+        for layer in self._cache.layers:
+            if not getattr(layer, "is_croppable", False) and not hasattr(layer, "record_past"):
+                raise UnsupportedModelError(
+                    f"cache layer {type(layer).__name__} cannot be rolled back")
+        self._len = 0
+
+    def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
+                 logits_to_keep: int = 0) -> TargetOutput:
+        """ids [T] -> logits [T or logits_to_keep, V], features [T, n*H]."""
+        assert self._cache is not None, "call reset() before running the target"
+        t = ids.shape[0]
+        positions = torch.arange(self._len, self._len + t, device=self.device)[None]
+        hs_idx = [i + 1 for i in tap_layer_ids] if tap_layer_ids else False
+        out = self.model(input_ids=ids[None], position_ids=positions, cache=self._cache,
+                         use_cache=True, output_hidden_states=hs_idx, logits_to_keep=logits_to_keep)
+        self._len += t
+        feats = None
+        if tap_layer_ids:
+            hs = out.hidden_states
+            feats = torch.cat([hs[i + 1][0] for i in tap_layer_ids], dim=-1)
+        return TargetOutput(logits=out.logits[0], features=feats)
+
+    def _trim(self) -> None:
+        """After a prefill chunk: sliding layers drop what left the window."""
+        self._cache.crop(0)  # type: ignore[union-attr]
+
+    def snapshot(self) -> CacheSnapshot:
+        return CacheSnapshot(seq_len=self._len)
+
+    def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None:
+        """Keep the first `num_kept` tokens verified since `snapshot`."""
+        self.crop(snapshot.seq_len + num_kept)
+
+    def crop(self, length: int) -> None:
+        assert self._cache is not None and 0 <= length <= self._len
+        self._cache.crop(-(self._len - length))  # transformers 5.x: a negative count removes
+        self._len = length
+
+    def input_embedding_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight  # type: ignore[return-value]
+
+    def output_head(self) -> nn.Module:
+        head = self.model.get_output_embeddings()
+        if head is None:
+            raise UnsupportedModelError(f"{type(self.model).__name__} has no output head")
+        return head

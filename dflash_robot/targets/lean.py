@@ -1,0 +1,259 @@
+"""A lean target engine for Llama-family decoders, behind the same `TargetAdapter` interface.
+
+Why: on this project's CPUs most of a Hugging Face forward is not the model's arithmetic.
+For SmolLM2-135M in fp32 (2 threads) one HF decode step costs ~90 ms while the weights it
+must read (~540 MB) take ~30 ms at the measured bandwidth; docs/ARCHITECTURE.md has the
+side-by-side figures. This module runs the same computation with:
+
+- fused projections: one `[q; k; v]` product and one `[gate; up]` product per layer,
+  every weight pre-packed for oneDNN (`fastpath.linear_fn`) once, at construction;
+- a preallocated KV cache per layer (`[kv_heads, capacity, head_dim]`, grown by doubling),
+  written in place, so a rollback or crop is just a new length: nothing is copied or freed;
+- grouped-query attention as one SDPA call per layer with the query heads of a group
+  stacked along the sequence axis (no K/V head expansion), and no mask at all for q = 1;
+- RoPE tables computed once from the model's own `rotary_emb` (its `inv_freq` and
+  `attention_scaling`, so the static scalings "default", "linear" and "llama3" are exact);
+- tapped features taken straight from the residual stream, no `output_hidden_states` tuple.
+
+Supported: `llama`, `qwen2` and `qwen3` (Q/K RMSNorm) text decoders with full attention,
+SiLU MLPs and static RoPE. `supports(model)` says why a model is not; `make_target_adapter`
+falls back to `HFTargetAdapter` for those. It computes what the HF forward computes, in the
+same dtype, with a different operation order: logits agree to float rounding (tested), not
+bit for bit, and the DFlash guarantee holds against this engine's own greedy decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_robot.errors import UnsupportedModelError
+from dflash_robot.targets.base import CacheSnapshot, ChunkedForwardAdapter, TargetOutput
+
+LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+_STATIC_ROPE = ("default", "linear", "llama3")
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """None when the lean engine runs `model` exactly; otherwise why not."""
+    cfg = _text_config(model)
+    mt = getattr(cfg, "model_type", None)
+    if mt not in LEAN_MODEL_TYPES:
+        return f"model type {mt!r} (lean engine: {', '.join(LEAN_MODEL_TYPES)})"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return f"{type(model).__name__} lacks the usual .model.layers / .model.rotary_emb"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r}"
+    if getattr(cfg, "mlp_bias", False):
+        return "MLP biases"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
+        return "sliding-window layers"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _STATIC_ROPE:
+        return f"RoPE type {rope_type!r} (lean engine: {', '.join(_STATIC_ROPE)})"
+    if model.get_output_embeddings() is None:
+        return "no output head"
+    return None
+
+
+def supports(model: Any) -> bool:
+    return unsupported_reason(model) is None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+class _Layer:
+    __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "q_norm", "k_norm")
+
+    def __init__(self, layer: Any, linear_fn: Callable[[torch.Tensor, torch.Tensor | None], Callable]):
+        a, m = layer.self_attn, layer.mlp
+        w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+        biases = [getattr(a, n).bias for n in ("q_proj", "k_proj", "v_proj")]
+        b = torch.cat([x.detach() for x in biases]) if all(x is not None for x in biases) else None  # type: ignore[misc]
+        self.qkv = linear_fn(w, b)
+        self.o = linear_fn(a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach())
+        self.gate_up = linear_fn(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), None)
+        self.down = linear_fn(m.down_proj.weight.detach(), None)
+        self.ln1 = layer.input_layernorm.weight.detach()
+        self.ln2 = layer.post_attention_layernorm.weight.detach()
+        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        self.q_norm = None if qn is None else qn.weight.detach()
+        self.k_norm = None if kn is None else kn.weight.detach()
+
+
+class LeanTargetAdapter(ChunkedForwardAdapter):
+    """`TargetAdapter` over a lean forward of a Llama/Qwen2/Qwen3 model (see module doc);
+    `prefill` and `verify` come from `ChunkedForwardAdapter`, over `_forward` below.
+
+    The HF model stays referenced as `.model` (its embedding and the comparison runs in
+    `bench` use it); the engine keeps its own fused, packed copies of the layer weights.
+    """
+
+    def __init__(self, model: Any, initial_capacity: int = 512):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise UnsupportedModelError(f"lean engine cannot run {type(model).__name__}: {reason}")
+        from dflash_robot.targets.fastpath import linear_fn
+
+        cfg = _text_config(model)
+        self.model = model.eval()
+        self.config = cfg
+        emb: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[assignment]
+        self.embed = emb.detach()
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.hidden_size = int(cfg.hidden_size)
+        self.vocab_size = int(emb.shape[0])
+        self.dtype: torch.dtype = emb.dtype
+        self.device: torch.device = emb.device
+        self.max_length: int | None = getattr(cfg, "max_position_embeddings", None)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        inner = model.model  # type: ignore[union-attr]
+        self.layers = [_Layer(layer, linear_fn) for layer in inner.layers]
+        self.final_norm = inner.norm.weight.detach()
+        head = model.get_output_embeddings()
+        self._head_module = _HeadModule(head.weight.detach(), None if head.bias is None else head.bias.detach(),
+                                        linear_fn)
+        rot = inner.rotary_emb
+        self._inv_freq = rot.inv_freq.detach().to(torch.float32)
+        self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+        self._capacity = 0
+        self._initial_capacity = max(16, int(initial_capacity))
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+        self._cos = self._sin = torch.empty(0)
+        self._len = 0
+        self._ensure_capacity(self._initial_capacity)
+
+    # -- cache ---------------------------------------------------------------------------
+    def _ensure_capacity(self, needed: int) -> None:
+        if needed <= self._capacity:
+            return
+        cap = max(needed, 2 * self._capacity, self._initial_capacity)
+        if self.max_length is not None:
+            cap = min(cap, max(self.max_length, needed))
+        shape = (self.n_kv, cap, self.head_dim)
+        new_k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        new_v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        for old, new in zip(self._k + self._v, new_k + new_v, strict=False):  # none at first
+            new[:, :self._len] = old[:, :self._len]
+        self._k, self._v = new_k, new_v
+        pos = torch.arange(cap, dtype=torch.float32, device=self.device)
+        freqs = pos[:, None] * self._inv_freq.to(self.device)[None, :]
+        ang = torch.cat([freqs, freqs], dim=-1)
+        self._cos = (ang.cos() * self._rope_scale).to(self.dtype)
+        self._sin = (ang.sin() * self._rope_scale).to(self.dtype)
+        self._capacity = cap
+
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._len = 0
+
+    def snapshot(self) -> CacheSnapshot:
+        return CacheSnapshot(seq_len=self._len)
+
+    def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None:
+        self.crop(snapshot.seq_len + num_kept)
+
+    def crop(self, length: int) -> None:
+        """Entries past `length` stay in the buffers, unused, until overwritten."""
+        assert 0 <= length <= self._len
+        self._len = length
+
+    # -- forward -------------------------------------------------------------------------
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rot * sin
+
+    def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
+                 logits_to_keep: int = 0) -> TargetOutput:
+        """ids [T] -> logits [T or logits_to_keep, V], features [T, n*H]; appends T to the cache."""
+        t, start = ids.shape[0], self._len
+        end = start + t
+        self._ensure_capacity(end)
+        nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
+        g = nh // nkv
+        cos = self._cos[start:end][:, None, :]  # [T, 1, D]
+        sin = self._sin[start:end][:, None, :]
+        if t == 1:
+            mask = None
+        else:  # query row (group, i) sees keys 0 .. start + i
+            key_pos = torch.arange(end, device=self.device)
+            causal = key_pos[None, :] <= (start + torch.arange(t, device=self.device))[:, None]  # [T, end]
+            mask = causal.repeat(g, 1)  # [g*T, end]
+        taps = set(tap_layer_ids or ())
+        feats: dict[int, torch.Tensor] = {}
+        x = F.embedding(ids, self.embed)  # [T, H]
+        for i, layer in enumerate(self.layers):
+            h = _rms(x, layer.ln1, self.eps)
+            q, k, v = layer.qkv(h).split([nh * d, nkv * d, nkv * d], dim=-1)
+            q, k, v = q.view(t, nh, d), k.view(t, nkv, d), v.view(t, nkv, d)
+            if layer.q_norm is not None:
+                q = _rms(q, layer.q_norm, self.eps)
+            if layer.k_norm is not None:
+                k = _rms(k, layer.k_norm, self.eps)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            kc, vc = self._k[i], self._v[i]
+            kc[:, start:end] = k.transpose(0, 1)
+            vc[:, start:end] = v.transpose(0, 1)
+            # [T, nh, d] -> [nkv, g*T, d]: the g query heads of a KV head stacked along rows
+            qh = q.view(t, nkv, g, d).permute(1, 2, 0, 3).reshape(nkv, g * t, d)
+            o = F.scaled_dot_product_attention(qh, kc[:, :end], vc[:, :end], attn_mask=mask)
+            o = o.view(nkv, g, t, d).permute(2, 0, 1, 3).reshape(t, nh * d)
+            x = x + layer.o(o)
+            h = _rms(x, layer.ln2, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+            if i in taps and i != self.num_layers - 1:
+                feats[i] = x
+        x = _rms(x, self.final_norm, self.eps)
+        if self.num_layers - 1 in taps:  # hidden_states[L] comes after the final norm
+            feats[self.num_layers - 1] = x
+        self._len = end
+        rows = x if logits_to_keep == 0 else x[-logits_to_keep:]
+        logits = self._head_module(rows)
+        features = torch.cat([feats[j] for j in tap_layer_ids], dim=-1) if tap_layer_ids else None
+        return TargetOutput(logits=logits, features=features)
+
+    def input_embedding_weight(self) -> torch.Tensor:
+        return self.embed
+
+    def output_head(self) -> nn.Module:
+        return self._head_module
+
+
+class _HeadModule(nn.Module):
+    """The target's output head as a module (the draft's proposer calls it), packed."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 linear_fn: Callable[[torch.Tensor, torch.Tensor | None], Callable]):
+        super().__init__()
+        self.weight = weight  # plain tensor: reads like nn.Linear.weight for shape checks
+        self.out_features, self.in_features = weight.shape
+        self._fn = linear_fn(weight, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fn(x)
+

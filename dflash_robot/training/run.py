@@ -1,0 +1,281 @@
+"""One training run: data and features on disk -> a draft, resumable, DDP-ready.
+
+    train(TrainRun(out="runs/d", data="data/smollm2-selfdistill", steps=2000, init="draft:PATH"))
+
+The target is loaded only for what the draft borrows from it (embedding table, lm_head) and
+for features that are not on disk yet (`ensure_features`, run once per shard). Each step costs
+only the draft. The checkpoint (`checkpoint.pt`) holds tensors and plain values only and is
+read with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from dflash_robot.drafts.checkpoint import ensure_writable_dir, load_draft, save_draft
+from dflash_robot.drafts.model import DFlashDraft, build_draft
+from dflash_robot.errors import ConfigError, DFlashError
+from dflash_robot.training.data import FeatureStore, Shard, _save_features, iter_samples, shard_paths, taps_dir
+from dflash_robot.training.init import initialise
+from dflash_robot.training.trainer import DraftTrainer, OptimConfig, target_features
+
+CKPT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    out: str
+    data: str
+    target: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    layers: int = 3
+    block_size: int = 16
+    loss_decay: float | None = None  # None: the paper's value for the block size
+    init: str = "random"
+    mask_token_id: int | None = None
+    draft_vocab: int | None = None  # None: keep --init draft's (or full); 0: full vocabulary
+    steps: int = 2000
+    batch_size: int = 4
+    lr: float = 6e-4
+    warmup_steps: int = 50
+    blocks_per_seq: int = 32
+    max_len: int = 512
+    bf16_autocast: bool = True
+    cache_features: bool = False
+    save_every: int = 100
+    eval_every: int = 100
+    holdout: int = 48
+    holdout_shards: str = "shard-v1-00000,shard-00000,shard-00001"
+    seed: int = 0
+    threads: int | None = None
+    log: str | None = None  # extra copy of the log (e.g. under docs/logs/)
+
+
+def choose_mask_token(tokenizer: Any) -> int:
+    """The tokenizer's mask token, else the highest-id special token the chat does not use."""
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    used = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    chat: Any = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                              tokenize=True) if getattr(tokenizer, "chat_template", None) else []
+    if hasattr(chat, "keys"):
+        chat = chat["input_ids"]
+    used |= set(chat)
+    special = sorted(i for i in tokenizer.all_special_ids if i not in used)
+    added = sorted(i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i not in used)
+    cands = special or added
+    if not cands:
+        raise ConfigError("no unused special token to serve as the mask token; pass --mask-token-id")
+    return cands[-1]
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A training checkpoint, read without unpickling arbitrary objects."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file
+        raise DFlashError(f"{path}: corrupt, truncated or unsafe training checkpoint ({type(e).__name__}: {e}); "
+                          "delete it to start over") from e
+    if not isinstance(state, dict) or "trainer" not in state:
+        raise DFlashError(f"{path}: not a dflash-robot training checkpoint")
+    return state
+
+
+def save_checkpoint(trainer: DraftTrainer, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"trainer": trainer.state_dict()}, tmp)
+    tmp.replace(path)
+
+
+def batch_indices(step: int, n: int, batch: int, seed: int, rank: int, world: int) -> list[int]:
+    """Deterministic epoch-shuffled indices for `step` on `rank` (resume replays the same order)."""
+    per_step = batch * world
+    start = step * per_step
+    out = []
+    for k in range(start + rank * batch, start + rank * batch + batch):
+        epoch, pos = divmod(k, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        out.append(int(perm[pos]))
+    return out
+
+
+def token_coverage(samples: list, sizes: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
+                   ) -> tuple[list[int], dict[int, float]]:
+    """-> (response token ids by descending frequency, {N: share of response tokens in the top N})."""
+    counts: Counter[int] = Counter()
+    for ids, mask, *_ in samples:
+        counts.update(ids[mask].tolist())
+    order = [t for t, _ in counts.most_common()]
+    total = sum(counts.values()) or 1
+    cum = np.cumsum([counts[t] for t in order]) / total
+    return order, {n: float(cum[min(n, len(cum)) - 1]) for n in sizes}
+
+
+@torch.no_grad()
+def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], max_len: int) -> int:
+    """Compute (once) the tapped features of shards that lack them, into the first stored tap set
+    that covers `layer_ids` (else one for exactly `layer_ids`). Returns shards computed."""
+    existing = [d for d in sorted((data_dir / "features").glob("taps-*"))
+                if all(i in [int(x) for x in d.name[5:].split("-")] for i in layer_ids)]
+    fdir = existing[0] if existing else taps_dir(data_dir, layer_ids)
+    ids_stored = tuple(int(x) for x in fdir.name[5:].split("-"))
+    todo = [p for p in shard_paths(data_dir) if not (fdir / f"{p.stem}.npy").exists()]
+    for p in tqdm(todo, desc="target features", unit="shard", disable=not todo):
+        shard = Shard.load(p)
+        rows = []
+        for i in range(len(shard)):
+            ids, _ = shard.sample(i)
+            f = target_features(model, ids[:max_len].to(model.device), ids_stored).to(torch.bfloat16).cpu()
+            pad = ids.shape[0] - f.shape[0]  # rows past max_len are never read
+            rows.append(torch.cat([f, f.new_zeros(pad, f.shape[1])]) if pad else f)
+        _save_features(fdir / f"{p.stem}.npy", torch.cat(rows))
+    return len(todo)
+
+
+def _split(samples: list, run: TrainRun) -> tuple[list, list]:
+    names = [s for s in run.holdout_shards.split(",") if s]
+    pools = {n: [s for s in samples if s[2][0] == n] for n in names}
+    hold: list = []
+    k = 0
+    while len(hold) < run.holdout and any(k < len(v) for v in pools.values()):
+        hold += [v[k] for v in pools.values() if k < len(v)][:run.holdout - len(hold)]
+        k += 1
+    used = {s[2][0] for s in hold}
+    return hold, [s for s in samples if s[2][0] not in used]
+
+
+def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlashDraft, dict]:
+    from dflash_robot.targets.loading import parse_dtype
+
+    mask = run.mask_token_id if run.mask_token_id is not None else choose_mask_token(tok)
+    src = load_draft(run.init.split(":", 1)[1]) if run.init.startswith("draft:") else None
+    vocab_n = run.draft_vocab if run.draft_vocab is not None else (
+        src.metadata.draft_vocab_size if src is not None else None)
+    vocab_n = vocab_n or None  # 0 -> the full vocabulary
+    order, coverage = token_coverage(train)
+    info: dict[str, Any] = {"response_token_coverage": coverage}
+    torch.manual_seed(run.seed)
+    draft = build_draft(model.config, run.layers, run.block_size, mask, loss_decay=run.loss_decay,
+                        draft_vocab_size=vocab_n).to(parse_dtype(run.dtype))
+    if vocab_n is not None:
+        src_ids = src.vocab_ids if src is not None else None
+        if src_ids is not None and src_ids.numel() == vocab_n:
+            ids = src_ids
+        else:  # the most frequent response tokens, topped up with the lowest unused ids
+            top = set(order[:vocab_n])
+            extra = [t for t in range(model.config.vocab_size) if t not in top]
+            ids = torch.tensor((order[:vocab_n] + extra)[:vocab_n])
+        draft.set_vocab(ids)
+        info["draft_vocab_coverage"] = _covered(train, draft)
+    skipped = initialise(draft, model, run.init)
+    if skipped:
+        info["kept_random_init"] = skipped
+    return draft, info
+
+
+def _covered(samples: list, draft: DFlashDraft) -> float:
+    t2d = draft.t2d.cpu()
+    hit = tot = 0
+    for ids, mask, *_ in samples:
+        r = ids[mask]
+        hit += int(t2d[r].sum())
+        tot += r.numel()
+    return hit / max(tot, 1)
+
+
+def train(run: TrainRun) -> Path:
+    """Run (or resume) training; returns the directory of the final draft."""
+    from dflash_robot.targets.loading import default_target_path, load_target_model
+
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo" if run.device == "cpu" else "nccl")
+    if run.threads:
+        torch.set_num_threads(run.threads)
+    out, data_dir = Path(run.out), Path(run.data)
+    ensure_writable_dir(out)
+    samples = iter_samples(data_dir, run.max_len)  # fails fast on missing or corrupt data
+    model, tok = load_target_model(run.target or default_target_path(), run.gguf_file, run.dtype, run.device)
+    from dflash_robot.targets.fastpath import pack_linears
+
+    pack_linears(model)  # the target is frozen: its no-grad forwards use packed linears
+    holdout, train_set = _split(samples, run)
+    if not train_set:
+        raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
+    draft, info = _make_draft(run, model, tok, train_set)
+    if rank == 0:
+        ensure_features(model, data_dir, draft.metadata.target_layer_ids, run.max_len)
+    if world > 1:
+        dist.barrier()
+    store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
+    cfg = OptimConfig(lr=run.lr, warmup_steps=run.warmup_steps, total_steps=run.steps,
+                      blocks_per_seq=run.blocks_per_seq, seed=run.seed + rank, bf16_autocast=run.bf16_autocast)
+    ddp = torch.nn.parallel.DistributedDataParallel(draft) if world > 1 else None
+    trainer = DraftTrainer(model, draft, cfg, ddp, cache_features=run.cache_features, store=store)
+    ckpt = out / CKPT
+    if ckpt.exists():
+        trainer.load_state_dict(load_checkpoint(ckpt)["trainer"])
+    logs = [open(p, "a") for p in (out / "train_log.jsonl", run.log) if p and rank == 0]  # noqa: SIM115
+    if rank == 0 and trainer.step == 0:
+        head = {"run": {k: v for k, v in vars(run).items()}, **info, "train_samples": len(train_set),
+                "holdout_samples": len(holdout),
+                "train_response_tokens": int(sum(int(m.sum()) for _, m, _ in train_set))}
+        for f in logs:
+            f.write(json.dumps(head) + "\n")
+    _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
+    if world > 1:
+        dist.destroy_process_group()
+    load_draft(out / "draft")  # the result reloads
+    return out / "draft"
+
+
+def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, logs: list, ckpt: Path,
+          out: Path, rank: int, world: int) -> None:
+    bar = tqdm(total=run.steps, initial=trainer.step, desc="train", disable=rank != 0)
+    seen = 0
+    while trainer.step < run.steps:
+        idx = batch_indices(trainer.step, len(train_set), run.batch_size, run.seed, rank, world)
+        batch = [train_set[i] for i in idx]
+        t0 = time.perf_counter()
+        stats = trainer.train_step([(s[0], s[1]) for s in batch], keys=[s[2] for s in batch])
+        stats["step_s"] = time.perf_counter() - t0
+        seen += sum(int(s[1].sum()) for s in batch)
+        if trainer.step % run.eval_every == 0 or trainer.step == run.steps:
+            stats["holdout_tau_est"] = holdout_estimate(trainer, holdout)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", tau=f"{stats['tau_est']:.2f}")
+        for f in logs:
+            f.write(json.dumps({"step": trainer.step, "response_tokens_this_run": seen, **stats}) + "\n")
+            f.flush()
+        if rank == 0 and (trainer.step % run.save_every == 0 or trainer.step == run.steps):
+            save_checkpoint(trainer, ckpt)
+            save_draft(trainer.draft, out / "draft", dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def holdout_estimate(trainer: DraftTrainer, holdout: list) -> float:
+    """Mean expected acceptance (greedy, training block size) on held-out samples."""
+    if not holdout:
+        return math.nan
+    state = trainer.gen.get_state()
+    trainer.draft.eval()
+    accs = [float(trainer.sequence_loss(s[0], s[1], s[2] if len(s) > 2 else ("holdout", k))[2])
+            for k, s in enumerate(holdout)]
+    trainer.draft.train()
+    trainer.gen.set_state(state)
+    accs = [a for a in accs if not math.isnan(a)]
+    return sum(accs) / len(accs) if accs else math.nan
