@@ -21,7 +21,7 @@ case "${1:-}" in
 prepare)
   grep -qx '/.device/' .git/info/exclude || echo '/.device/' >> .git/info/exclude
   mkdir -p .device/a .device/b .device/whl
-  gguf=$(python -c "from dflash_robot.loading import default_target_path; print(default_target_path())")
+  gguf=$(python -c "from dflash_robot.targets.loading import default_target_path; print(default_target_path())")
   half=$(( $(stat -c %s "$gguf") / 2 ))
   head -c "$half" "$gguf" > .device/a/part
   tail -c +"$((half + 1))" "$gguf" > .device/b/part
@@ -40,13 +40,15 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,memory.used --format=csv
   mkdir -p runs/gpu && cp -r data/smollm2-selfdistill runs/gpu/data
-  # 1) more self-distilled data (batched generation is fast on the GPU), 2) a long run from the
-  # target's own layers; bf16 autocast; checkpoints every 200 steps so a cut-off run still yields a draft
-  timeout 520 python3 -m dflash_robot.cli train --target "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" \
-      --device cuda --out runs/gpu --data runs/gpu/data --prompts self:100000 --num-samples 4000 \
-      --gen-max-new-tokens 256 --gen-batch-size 256 --layers 3 --init target --block-size 16 \
-      --steps 1500 --batch-size 16 --lr 1e-3 --warmup-steps 100 --blocks-per-seq 64 --cache-features \
-      --bf16-autocast --save-every 200 --eval-every 500 --holdout 16 || echo "stopped by the time limit"
+  # 1) more self-distilled data (batched generation is fast on the GPU; features cached as it goes),
+  # 2) a long run continuing the shipped draft; checkpoints every 200 steps so a cut-off run still yields a draft
+  G="$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf"
+  timeout 240 python3 -m dflash_robot.cli data --target "$G" --device cuda --dtype bfloat16 --out runs/gpu/data \
+      --shards 400 --batch-size 256 --max-new-tokens 256 || echo "data stopped by the time limit"
+  timeout 300 python3 -m dflash_robot.cli train --target "$G" --device cuda --data runs/gpu/data --out runs/gpu \
+      --init draft:dflash_robot/drafts/smollm2-135m-instruct --draft-vocab 8192 --steps 3000 --batch-size 32 \
+      --lr 6e-4 --warmup-steps 100 --blocks-per-seq 64 --save-every 200 --eval-every 500 \
+      || echo "training stopped by the time limit"
   mkdir -p "$OUT/draft" && cp runs/gpu/draft/* "$OUT/draft/" && cp runs/gpu/train_log.jsonl "$OUT/"
   ;;
 *)

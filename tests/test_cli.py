@@ -102,8 +102,9 @@ def test_arguments_validated_before_any_model_loads(model_dirs, capsys, monkeypa
     assert match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["generate", "x", "--max-new-tokens", "0"], ["generate", "x", "--max-new-tokens", "-5"],
-                                  ["bench", "--max-new-tokens", "0"], ["generate", "x", "--block-size", "0"]])
+@pytest.mark.parametrize("argv", [
+    ["generate", "x", "--max-new-tokens", "0"], ["generate", "x", "--max-new-tokens", "-5"],
+    ["bench", "--max-new-tokens", "0"], ["generate", "x", "--block-size", "0"]])
 def test_out_of_range_integers_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)

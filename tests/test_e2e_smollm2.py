@@ -27,6 +27,7 @@ def test_default_engine_is_lean(rt):
     from dflash_robot.targets.lean import LeanTargetAdapter
 
     assert isinstance(rt.target, LeanTargetAdapter)
+    assert rt.target.precision == "gguf"  # "auto": the GGUF's own Q4_1 blocks
 
 
 def test_shipped_draft_metadata(rt):
@@ -35,8 +36,15 @@ def test_shipped_draft_metadata(rt):
     assert (DEFAULT_DRAFT / "model.safetensors").stat().st_size < 32 * 2**20
 
 
+@pytest.fixture(scope="module")
+def rt_fp32():
+    return DFlashRuntime.load(precision="fp32")
+
+
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_greedy_equals_hf_generate(rt, block_size):
+def test_fp32_greedy_equals_hf_generate(rt_fp32, block_size):
+    """The fp32 lean engine keeps its agreement with transformers on the real model."""
+    rt = rt_fp32
     ids = chat_ids(rt.tokenizer, PROMPT)
     eos = rt.tokenizer.eos_token_id
     res = rt.orchestrator.generate(ids, GenerationConfig(max_new_tokens=48, block_size=block_size,
@@ -54,3 +62,32 @@ def test_cli_default_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) <= 24 and out["text"] and out["tokens_per_second"] > 0
     assert len(out["acceptance_lengths"]) >= 1 and all(1 <= a <= 8 for a in out["acceptance_lengths"])
+
+
+@pytest.fixture(scope="module")
+def rt_gguf(rt):
+    return rt  # the default runtime runs precision "gguf"
+
+
+def test_gguf_blocks_equal_transformers_dequantized_weights(rt_gguf):
+    from dflash_robot.targets.gguf_weights import GGUFLayerWeights
+    from dflash_robot.targets.loading import default_target_path
+
+    g = GGUFLayerWeights(default_target_path(), 9, 3)
+    layer = rt_gguf.target.model.model.layers[7]
+    for name, w in [("attn_q", layer.self_attn.q_proj.weight), ("attn_k", layer.self_attn.k_proj.weight),
+                    ("ffn_down", layer.mlp.down_proj.weight)]:
+        assert torch.equal(g.int4(f"blk.7.{name}.weight", w.shape).dequantize(), w)
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, "Natalia sold clips to 48 of her friends in April, and then she sold "
+                                            "half as many clips in May. How many clips did she sell altogether?"])
+def test_gguf_precision_is_lossless_against_its_own_greedy(rt_gguf, prompt):
+    assert rt_gguf.target.precision == "gguf"
+    ids = chat_ids(rt_gguf.tokenizer, prompt)
+    eos = rt_gguf.tokenizer.eos_token_id
+    ar = rt_gguf.orchestrator.generate(ids, GenerationConfig(max_new_tokens=96, block_size=1, stop_token_ids=(eos,)))
+    for block in (4, 16):
+        res = rt_gguf.orchestrator.generate(ids, GenerationConfig(max_new_tokens=96, block_size=block,
+                                                                  stop_token_ids=(eos,)))
+        assert res.token_ids == ar.token_ids

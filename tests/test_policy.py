@@ -127,12 +127,12 @@ def test_adaptive_decoding_is_lossless_and_varies_the_block():
 
 def test_measured_costs_are_cached(tmp_path, monkeypatch):
     rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"))
-    costs = measure_costs(rt, [1, 4, 16], context=32, reps=2, warmup=1)
+    costs = measure_costs(rt, [1, 4, 16], context=32, min_reps=2, max_reps=2)
     assert set(costs) == {1, 4, 16} and all(c > 0 for c in costs.values())
     cache = tmp_path / "costs.json"
-    first = load_or_measure_costs(rt, [1, 2], cache, "k", context=16, reps=1, warmup=0)
-    assert json.loads(cache.read_text())["k"].keys() == {"1", "2"}
-    import dflash_robot.policy as pol
+    first = load_or_measure_costs(rt, [1, 2], cache, "k", context=16, min_reps=1, max_reps=1)
+    assert json.loads(cache.read_text())["k"]["costs"].keys() == {"1", "2"}
+    import dflash_robot.runtime.policy as pol
 
     monkeypatch.setattr(pol, "measure_costs", lambda *a, **k: pytest.fail("re-measured a cached curve"))
     assert load_or_measure_costs(rt, [1, 2], cache, "k") == first
@@ -162,3 +162,32 @@ def test_a_noisy_dip_in_the_cost_curve_does_not_attract_the_policy():
     smoothed = AdaptiveBlockSize(costs)
     assert smoothed.next_block_size([]) == 1  # the prior's rate at the pooled q=8 cost loses to q=1
     assert [smoothed.costs[q] for q in (4, 5, 8, 9)] == pytest.approx([1.4, 1.425, 1.425, 1.9])  # q=5..8 pooled
+
+
+def test_implausible_curves_are_remeasured_and_entries_expire(tmp_path, monkeypatch):
+    import dflash_robot.runtime.policy as pol
+
+    assert pol.implausible({1: 0.1, 2: 0.12, 3: 0.05}) == [3]  # q=3 far cheaper than q=1
+    assert pol.implausible({1: 0.1, 2: 0.095, 3: 0.2}) == []  # within noise
+    readings = iter([{1: 0.1, 2: 0.02}, {1: 0.09, 2: 0.11}, {1: 0.5, 2: 0.6}])
+    calls = []
+
+    def fake(*a, **k):
+        calls.append(1)
+        return next(readings)
+    monkeypatch.setattr(pol, "measure_costs", fake)
+    cache = tmp_path / "c.json"
+    got = pol.load_or_measure_costs(None, [1, 2], cache, "k")
+    assert len(calls) == 2 and got == {1: 0.09, 2: 0.02}  # measured twice, cheaper reading kept
+    assert pol.load_or_measure_costs(None, [1, 2], cache, "k") == got and len(calls) == 2  # cached
+    assert pol.load_or_measure_costs(None, [1, 2], cache, "k", ttl_s=0) == {1: 0.5, 2: 0.6}  # expired
+
+
+def test_cost_key_names_version_engine_precision_and_machine():
+    import dflash_robot
+
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"), engine="lean", precision="int8")
+    key = rt.cost_key()
+    assert dflash_robot.__version__ in key and "LeanTargetAdapter" in key and "int8" in key
+    other = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama")).cost_key()
+    assert "threads" in key and key != other

@@ -2,13 +2,13 @@
 
 import itertools
 
-import dflash_robot.orchestrator as orch
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import dflash_robot.runtime.orchestrator as orch
 from dflash_robot.drafts.model import build_draft
 from dflash_robot.runtime.acceptance import Acceptance, rejection_accept
 from dflash_robot.runtime.api import DFlashRuntime

@@ -1,6 +1,5 @@
 """The training objective and loop, on tiny models."""
 
-import json
 import math
 import os
 import subprocess
@@ -10,11 +9,11 @@ import pytest
 import torch
 from tiny import MASK, plain_greedy_cached, random_prompt, taught_target
 
-from dflash_robot.cli.train import batch_indices, load_checkpoint
 from dflash_robot.drafts.model import build_draft
 from dflash_robot.errors import ConfigError, DFlashError
 from dflash_robot.training import objective
-from dflash_robot.training.data import check_not_evaluation, load_dataset
+from dflash_robot.training.data import _pack, check_not_evaluation, load_dataset
+from dflash_robot.training.run import batch_indices, load_checkpoint
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
 
@@ -136,15 +135,21 @@ def test_batch_order_is_deterministic_and_sharded():
 def test_corrupt_checkpoint(tmp_path):
     p = tmp_path / "checkpoint.pt"
     p.write_bytes(b"not a checkpoint")
-    with pytest.raises(DFlashError, match="corrupt or truncated training checkpoint"):
+    with pytest.raises(DFlashError, match="corrupt, truncated or unsafe training checkpoint"):
+        load_checkpoint(p)
+    torch.save({"trainer": {"step": 1}, "evil": OptimConfig()}, p)  # an arbitrary pickled object
+    with pytest.raises(DFlashError, match="unsafe"):
         load_checkpoint(p)
 
 
 def test_empty_prompt_set(tmp_path):
     with pytest.raises(ConfigError, match="no training data"):
         load_dataset(tmp_path)
-    (tmp_path / "data-00000.jsonl").write_text(json.dumps({"input_ids": [1, 2], "response_start": 2}) + "\n")
+    _pack([[1, 2]], [[]], "self").save(tmp_path / "shard-00000.npz")
     with pytest.raises(ConfigError, match="no sample with response tokens"):
+        load_dataset(tmp_path)
+    (tmp_path / "shard-00000.npz").write_bytes(b"truncated")
+    with pytest.raises(ConfigError, match="corrupt or truncated data shard"):
         load_dataset(tmp_path)
 
 
@@ -169,7 +174,7 @@ def test_unwritable_output_dir(tmp_path, capsys):
     if os.access(ro, os.W_OK):  # root ignores permission bits; use a path under a file instead
         (tmp_path / "file").write_text("")
         ro = tmp_path / "file" / "out"
-    assert main(["train", "--out", str(ro), "--target", "/nonexistent"]) == 2
+    assert main(["train", "--out", str(ro), "--data", str(tmp_path)]) == 2
     assert "is not writable" in capsys.readouterr().err
 
 

@@ -19,7 +19,7 @@ Run `dflash-robot COMMAND --help` for a command's options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dflash_robot.cli import bench, generate, train
+    from dflash_robot.cli import bench, convert, generate, serve, train
 
     parser = argparse.ArgumentParser(prog="dflash-robot", description=DESCRIPTION, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -27,15 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     train.add_parser(sub)
     train.add_data_parser(sub)
+    serve.add_parser(sub)
+    convert.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dflash_robot.cli import bench, generate, train
+    from dflash_robot.cli import bench, convert, generate, serve, train
     from dflash_robot.errors import DFlashError
 
     args = build_parser().parse_args(argv)
-    commands = {"generate": generate.run, "bench": bench.run, "train": train.run, "data": train.run_data}
+    commands = {"generate": generate.run, "bench": bench.run, "train": train.run, "data": train.run_data,
+                "serve": serve.run, "convert": convert.run}
     try:
         return commands[args.command](args)
     except DFlashError as e:

@@ -86,12 +86,14 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
 
     from dflash_robot.bench.runner import BenchConfig, run_bench, write_outputs
     from dflash_robot.errors import ConfigError
-    from dflash_robot.runtime.api import DEFAULT_DRAFT, DFlashRuntime
+    from dflash_robot.runtime.api import DEFAULT_DRAFT, DEFAULT_PRECISION, DFlashRuntime
 
     if args.threads:
         torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load(target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype, device=args.device,
-                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine)
+                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine,
+                            precision=args.precision or DEFAULT_PRECISION, draft_device=args.draft_device,
+                            draft_dtype=args.draft_dtype)
     assert rt.draft is not None
     top = rt.draft.metadata.training_block_size
     if any(q > top for q in args.block_sizes):

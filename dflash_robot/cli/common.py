@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 DEFAULT_COST_CACHE = str(Path.home() / ".cache" / "dflash-robot" / "costs.json")
+DEFAULT_PRECISION = "auto"  # keep equal to runtime.api.DEFAULT_PRECISION (a test checks)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -42,6 +43,11 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
     g.add_argument("--device", default="cpu", help="torch device for target and draft")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="precision the target and draft compute in")
+    if engine:
+        g.add_argument("--draft-device", help="put the draft on another device than the target (its features are "
+                                              "copied over once per step); default: the target's")
+        g.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"],
+                       help="the draft's own dtype (default: --dtype)")
     g.add_argument("--no-fast-linears", action="store_true",
                    help="keep transformers' own nn.Linear (by default fp32 CPU linears are pre-packed for oneDNN); "
                         "the lean engine always packs its own fused copies, so pair this with --engine hf")
@@ -49,6 +55,10 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
         g.add_argument("--engine", choices=["auto", "hf", "lean"], default="auto",
                        help="target engine: transformers' forward (hf) or the lean Llama/Qwen2/Qwen3 forward "
                             "(lean); auto = lean where supported, else hf")
+        g.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default=None,
+                       help="weights of the lean engine: fp32, bf16, int8 (per channel), int4 (groups of 32), or "
+                            "gguf (the GGUF target's own Q4_0/Q4_1 blocks as int4); products other than fp32 take "
+                            "bf16 activations; auto = gguf for a Q4 GGUF target, else fp32 (default: auto)")
     g.add_argument("--threads", type=int_at_least(1), help="torch intra-op threads (default: torch's choice)")
 
 
@@ -68,10 +78,20 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def draft_training_block_size(draft: str | None) -> int:
-    """Read the draft's training block size from its config.json (no torch import)."""
+    """Read the draft's training block size from its config.json or GGUF header (no torch import)."""
     import json
 
     path = Path(draft) if draft else Path(__file__).parents[1] / "drafts" / "smollm2-135m-instruct"
+    if path.is_file() and path.suffix.lower() == ".gguf":  # keys of docs/DRAFT_FORMAT.md; gguf needs no torch
+        import gguf
+
+        try:
+            fields = {k: f.contents() for k, f in gguf.GGUFReader(path).fields.items()}
+        except (ValueError, IndexError, KeyError, OSError) as e:
+            from dflash_robot.errors import DraftLoadError
+
+            raise DraftLoadError(f"{path}: corrupt or truncated GGUF file ({e})") from e
+        return int(fields.get("dflash_robot.training_block_size", fields.get("dflash.block_size", 16)))
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     import torch
 
-    from dflash_robot.runtime.api import DFlashRuntime
+    from dflash_robot.runtime.api import DEFAULT_PRECISION, DFlashRuntime
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     print("loading the target and draft ...", file=sys.stderr, flush=True)
     rt = DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
                             device=args.device, no_draft=args.block_size == 1 and args.draft is None,
-                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine)
+                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine,
+                            precision=args.precision or DEFAULT_PRECISION, draft_device=args.draft_device,
+                            draft_dtype=args.draft_dtype)
     load_s = time.perf_counter() - t_load
     prompt = args.input_ids if args.input_ids is not None else args.prompt
     ids = rt.encode(prompt, chat=not args.no_chat_template)

@@ -70,13 +70,18 @@ def qwen3_config(cfg: dict[str, Any]) -> Qwen3Config:
 
 def load_draft(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device = "cpu") -> DFlashDraft:
-    """Load a z-lab format draft. dtype None keeps the checkpoint's dtype."""
+    """Load a z-lab format draft directory, or a .gguf draft file. dtype None keeps the
+    checkpoint's dtype."""
     path = Path(path)
     if not path.exists():
         raise DraftLoadError(f"draft path {path} does not exist")
+    if path.is_file() and path.suffix.lower() == ".gguf":  # one-file draft, see drafts/gguf.py
+        from dflash_robot.drafts.gguf import load_gguf_draft
+
+        return load_gguf_draft(path, dtype=dtype, device=device)
     if not path.is_dir():
         raise DraftLoadError(f"draft path {path} is not a directory (expected config.json + "
-                             f"{WEIGHTS_NAME})")
+                             f"{WEIGHTS_NAME}) or a .gguf file")
     cfg = _read_config(path)
     _check_supported(cfg, path)
     try:

@@ -34,9 +34,12 @@ from dflash_robot.runtime.proposer import DFlashProposer
 from dflash_robot.runtime.text import TextStream
 from dflash_robot.targets.base import TargetAdapter
 from dflash_robot.targets.factory import make_target_adapter
-from dflash_robot.targets.loading import default_target_path, load_target_model, parse_dtype
+from dflash_robot.targets.loading import check_device, default_target_path, load_target_model, parse_dtype
 
 DEFAULT_DRAFT = SHIPPED_DRAFT
+# The lean engine's weights when nothing is asked: "auto" = the GGUF's own Q4 blocks ("gguf") for a
+# GGUF target the lean engine runs, else fp32. Measured fastest and lossless (docs/BENCHMARKS.md).
+DEFAULT_PRECISION = "auto"
 DEFAULT_COST_CACHE = Path.home() / ".cache" / "dflash-robot" / "costs.json"
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
@@ -85,7 +88,8 @@ class DFlashRuntime:
     @classmethod
     def from_models(cls, target_model: Any, draft: DFlashDraft | None, tokenizer: Any = None,
                     prefill_chunk_size: int = 512, rollback: str | None = None,
-                    fast_linears: bool = False, engine: str = "hf") -> DFlashRuntime:
+                    fast_linears: bool = False, engine: str = "hf", precision: str = "fp32",
+                    gguf_file: str | None = None) -> DFlashRuntime:
         """`rollback` picks the strategy for stateful (hybrid) targets: "replay" or
         "capture" (None = the measured default); attention-only targets always crop.
         `engine` runs the target through transformers ("hf") or the lean engine ("lean",
@@ -93,7 +97,7 @@ class DFlashRuntime:
         engine keeps its own packed copies and leaves `target_model` untouched.
         `fast_linears` packs the fp32 CPU linears of both models for oneDNN, in place
         (`fastpath.py`); off by default here because it changes the caller's modules."""
-        target = make_target_adapter(target_model, rollback, engine)
+        target = make_target_adapter(target_model, rollback, engine, precision, gguf_file)
         proposer = None
         if draft is not None:
             check_compatible(draft, target)
@@ -108,7 +112,7 @@ class DFlashRuntime:
         if draft is not None:
             proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head())
         rt = cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
-        rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears)
+        rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears, precision=precision)
         return rt
 
 
@@ -116,19 +120,36 @@ class DFlashRuntime:
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, *,
              gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
              device: str = "cpu", no_draft: bool = False, rollback: str | None = None,
-             fast_linears: bool = True, engine: str = "auto") -> DFlashRuntime:
+             fast_linears: bool = True, engine: str = "auto", precision: str = DEFAULT_PRECISION,
+             draft_device: str | None = None, draft_dtype: str | torch.dtype | None = None) -> DFlashRuntime:
         """Load target (default: SmolLM2-135M-Instruct GGUF) and draft (default: the shipped one).
 
         The draft is read first (it is small), so a bad draft path fails before the target
         loads; it is cast to the target's dtype, and a draft that does not fit is refused.
         `fast_linears` (default on) packs fp32 CPU linears for oneDNN; see `targets/fastpath.py`.
         `engine` (default "auto"): the lean engine for Llama/Qwen2/Qwen3 targets, else transformers.
+        `precision` of the lean engine's weights (`targets/quant.py`): fp32, bf16, int8, int4, or
+        gguf (the GGUF target's own quantized blocks); a precision the target cannot run
+        (another engine, no GGUF) is refused. `draft_device` / `draft_dtype` place the draft
+        apart from the target (default: with it); its features are then mirrored to it.
         """
+        from dflash_robot.targets.quant import check_precision
+
+        if precision != "auto":
+            check_precision(precision)
         torch_dtype = parse_dtype(dtype)
-        d = None if no_draft else load_draft(draft or DEFAULT_DRAFT, dtype=torch_dtype, device=device)
+        if draft_device is not None:
+            check_device(draft_device)
+        d_dtype = parse_dtype(draft_dtype) if draft_dtype is not None else torch_dtype
+        d = None if no_draft else load_draft(draft or DEFAULT_DRAFT, dtype=d_dtype, device=draft_device or device)
         target_path = Path(target) if target else default_target_path()
         model, tok = load_target_model(target_path, gguf_file, torch_dtype, device)
-        rt = cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears, engine=engine)
+        gguf_path = str(target_path) if target_path.suffix == ".gguf" else (
+            str(target_path / gguf_file) if gguf_file else None)
+        if precision == "auto":
+            precision = _auto_precision(model, engine, gguf_path, torch_dtype)
+        rt = cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears, engine=engine,
+                             precision=precision, gguf_file=gguf_path)
         rt.info.update(target=str(target_path.resolve()), gguf_file=gguf_file, dtype=str(torch_dtype),
                        device=device, draft=str(Path(draft or DEFAULT_DRAFT).resolve()) if d is not None else None,
                        fast_linears=fast_linears)
@@ -253,7 +274,8 @@ class DFlashRuntime:
 
         i = self.info
         return "|".join([f"dflash-robot {__version__}", f"torch {torch.__version__}", type(self.target).__name__,
-                         str(self.target.dtype), str(self.target.device), f"threads {torch.get_num_threads()}",
+                         str(self.target.dtype), str(i.get("precision")), str(self.target.device),
+                         f"threads {torch.get_num_threads()}",
                          platform.machine(), platform.processor() or "?", _cpu_model(), str(i.get("target")),
                          str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}"])
 
@@ -268,6 +290,20 @@ class DFlashRuntime:
             qs = list(range(1, self.draft.metadata.training_block_size + 1))
             self._costs = load_or_measure_costs(self, qs, cost_cache, self.cost_key(), progress=progress)
         return AdaptiveBlockSize(self._costs, self.draft.metadata.training_block_size)
+
+
+def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch.dtype) -> str:
+    """"gguf" where the lean engine runs an fp32-loaded GGUF target whose layers are Q4_0/Q4_1, else "fp32"."""
+    from dflash_robot.targets.capabilities import is_stateful
+    from dflash_robot.targets.lean import supports
+
+    if gguf_path is None or engine == "hf" or dtype != torch.float32 or is_stateful(model) or not supports(model):
+        return "fp32"
+    from gguf import GGUFReader
+
+    types = {t.tensor_type.name for t in GGUFReader(gguf_path).tensors if t.name.startswith("blk.") and
+             t.name.endswith(("attn_q.weight", "ffn_down.weight"))}
+    return "gguf" if types and types <= {"Q4_0", "Q4_1"} else "fp32"
 
 
 def _cpu_model() -> str:

@@ -177,16 +177,17 @@ class RuntimeOrchestrator:
         block = torch.full((q,), mask_id, dtype=torch.long, device=last.device)
         block[:1] = last
         logits = self.drafter.propose(features, block)  # [q-1, V], or [q-1, N] over vocab_ids
-        ids = self.drafter.vocab_ids  # [N] or None
+        ids = self.drafter.vocab_ids  # [N] or None; logits live on the draft's side
         if sampling.greedy:
             drafted = logits.argmax(dim=-1)
-            block[1:] = drafted if ids is None else ids[drafted]
+            block[1:] = drafted if ids is None else ids[drafted]  # q - 1 ids back to the target's side
             return block, None
-        probs = sampling_probs(logits, sampling)
+        probs = sampling_probs(logits.to(block.device, torch.float32), sampling)
         drafted = sample_from(probs, gen)
         if ids is None:
             block[1:] = drafted
             return block, probs
+        ids = ids.to(block.device)
         block[1:] = ids[drafted]  # the draft's distribution on the full vocabulary: zero off vocab_ids
         full = probs.new_zeros(probs.shape[0], self.target.vocab_size)
         return block, full.index_copy_(1, ids, probs)

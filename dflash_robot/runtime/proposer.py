@@ -27,19 +27,48 @@ class DraftAdapter(Protocol):
     def propose(self, features: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor: ...
 
 
+class FeatureMirror:
+    """Target features -> the draft's device and dtype (Luce's `DraftFeatureMirror`).
+
+    Called once per step on the features of the newly committed positions only (the draft
+    keeps everything older in its own KV cache), as one non-blocking copy: no host sync."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+        self.copies = 0  # steps whose features crossed (tests read it)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device == self.device and x.dtype == self.dtype:
+            return x
+        self.copies += 1
+        return x.to(device=self.device, dtype=self.dtype, non_blocking=True)
+
+
 class DFlashProposer:
-    """Draft logits for a block `[last, mask, ..., mask]`, in one non-causal forward."""
+    """Draft logits for a block `[last, mask, ..., mask]`, in one non-causal forward.
+
+    The draft may live on another device or in another dtype than its target: the target's
+    embedding table and head are then copied to the draft's side once, and each step's new
+    features go through a `FeatureMirror`. Logits stay on the draft's side; the orchestrator
+    brings the q - 1 drafted ids (and, when sampling, their probabilities) back."""
 
     def __init__(self, draft: DFlashDraft, embedding_weight: torch.Tensor, head: nn.Module):
         self.draft = draft.eval()
         self.metadata = draft.metadata
-        self.embedding_weight = embedding_weight  # [V, H] raw target embedding
+        p = draft.fc.weight
+        self.mirror = FeatureMirror(p.device, p.dtype)
+        same = embedding_weight.device == p.device and embedding_weight.dtype == p.dtype
+        self.embedding_weight = embedding_weight if same else embedding_weight.detach().to(p.device, p.dtype)
         self.vocab_ids = draft.vocab_ids
-        if self.vocab_ids is not None:  # the head's rows for the draft vocabulary, gathered once
+        head_w: torch.Tensor = head.weight  # type: ignore[assignment]
+        self._sub_head = None
+        if self.vocab_ids is not None or head_w.device != p.device or head_w.dtype != p.dtype:
+            # the head's rows (for the draft vocabulary, or all), on the draft's side, gathered once
             from dflash_robot.targets.fastpath import linear_fn
 
             w, b = draft.head_weight(head)
-            self._sub_head = linear_fn(w.detach().contiguous(), None if b is None else b.detach())
+            self._sub_head = linear_fn(w.detach().to(p.device, p.dtype).contiguous(),
+                                       None if b is None else b.detach().to(p.device, p.dtype))
         self.head = head
         self._cache: DraftKVCache | None = None
 
@@ -60,6 +89,8 @@ class DFlashProposer:
         draft has its own vocabulary).
         """
         assert self._cache is not None, "call reset() first"
+        features = self.mirror(features)  # the newly committed positions only
+        block_ids = block_ids.to(self.mirror.device, non_blocking=True)
         c, q = features.shape[0], block_ids.shape[0]
         start = self._cache.length
         device = block_ids.device
@@ -69,6 +100,6 @@ class DFlashProposer:
         if self.metadata.input_embedding_scale != 1.0:
             noise = noise * self.metadata.input_embedding_scale
         hidden = self.draft(noise, features[None], blk_pos, ctx_pos, cache=self._cache)
-        if self.vocab_ids is not None:
+        if self._sub_head is not None:
             return self.draft.finish_logits(self._sub_head(hidden[0, 1:]))
         return self.draft.logits(hidden[0, 1:], self.head)

@@ -81,15 +81,15 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class _Layer:
     __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "q_norm", "k_norm")
 
-    def __init__(self, layer: Any, linear_fn: Callable[[torch.Tensor, torch.Tensor | None], Callable]):
+    def __init__(self, index: int, layer: Any, build: Callable[..., Callable]):
+        """`build(index, part, weights, bias)` makes the product of one fused part."""
         a, m = layer.self_attn, layer.mlp
-        w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
         biases = [getattr(a, n).bias for n in ("q_proj", "k_proj", "v_proj")]
         b = torch.cat([x.detach() for x in biases]) if all(x is not None for x in biases) else None  # type: ignore[misc]
-        self.qkv = linear_fn(w, b)
-        self.o = linear_fn(a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach())
-        self.gate_up = linear_fn(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), None)
-        self.down = linear_fn(m.down_proj.weight.detach(), None)
+        self.qkv = build(index, "qkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], b)
+        self.o = build(index, "o", [a.o_proj.weight], None if a.o_proj.bias is None else a.o_proj.bias.detach())
+        self.gate_up = build(index, "gate_up", [m.gate_proj.weight, m.up_proj.weight], None)
+        self.down = build(index, "down", [m.down_proj.weight], None)
         self.ln1 = layer.input_layernorm.weight.detach()
         self.ln2 = layer.post_attention_layernorm.weight.detach()
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
@@ -105,12 +105,18 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
     `bench` use it); the engine keeps its own fused, packed copies of the layer weights.
     """
 
-    def __init__(self, model: Any, initial_capacity: int = 512):
+    def __init__(self, model: Any, initial_capacity: int = 512, precision: str = "fp32",
+                 gguf_file: str | None = None):
+        """`precision` (`targets/quant.py`): how the layers' weights are stored and multiplied;
+        "gguf" takes them from `gguf_file`, the GGUF the model was loaded from."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise UnsupportedModelError(f"lean engine cannot run {type(model).__name__}: {reason}")
-        from dflash_robot.targets.fastpath import linear_fn
+        from dflash_robot.targets.quant import check_precision, make_linear
 
+        self.precision = check_precision(precision)
+        if precision != "fp32" and model.get_input_embeddings().weight.dtype != torch.float32:
+            raise UnsupportedModelError(f"precision {precision!r} quantizes an fp32 model; load the target in fp32")
         cfg = _text_config(model)
         self.model = model.eval()
         self.config = cfg
@@ -127,11 +133,13 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
         self.head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads)
         self.eps = float(cfg.rms_norm_eps)
         inner = model.model  # type: ignore[union-attr]
-        self.layers = [_Layer(layer, linear_fn) for layer in inner.layers]
+        build = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv)
+        self.layers = [_Layer(i, layer, build) for i, layer in enumerate(inner.layers)]
         self.final_norm = inner.norm.weight.detach()
         head = model.get_output_embeddings()
+        head_precision = {"fp32": "fp32", "int8": "int8"}.get(precision, "bf16")  # int4 heads lose top-1 agreement
         self._head_module = _HeadModule(head.weight.detach(), None if head.bias is None else head.bias.detach(),
-                                        linear_fn)
+                                        lambda w, b: make_linear(w, b, head_precision))
         rot = inner.rotary_emb
         self._inv_freq = rot.inv_freq.detach().to(torch.float32)
         self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
@@ -242,6 +250,19 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
 
     def output_head(self) -> nn.Module:
         return self._head_module
+
+
+def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int) -> Callable[..., Callable]:
+    """-> build(index, part, hf_weights, bias): one fused product at `precision`."""
+    from dflash_robot.targets.quant import make_linear
+
+    if precision != "gguf":
+        return lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision)
+    if gguf_file is None:
+        raise UnsupportedModelError("precision 'gguf' needs the target to be loaded from a GGUF file")
+    from dflash_robot.targets.gguf_weights import GGUFLayerWeights
+
+    return GGUFLayerWeights(gguf_file, n_heads, n_kv).build
 
 
 class _HeadModule(nn.Module):

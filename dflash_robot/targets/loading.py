@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,24 +66,75 @@ def check_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def load_target_model(path: str | Path, gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
-                      device: str = "cpu") -> tuple[Any, Any]:
-    """-> (transformers causal LM in eval mode, tokenizer or None)."""
+def cache_root() -> Path:
+    """Where converted targets are kept (`DFLASH_ROBOT_CACHE`, default ~/.cache/dflash-robot)."""
+    return Path(os.environ.get("DFLASH_ROBOT_CACHE", Path.home() / ".cache" / "dflash-robot"))
+
+
+def gguf_digest(path: Path) -> str:
+    """sha256 of a file's content (the key of its converted copy)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 23), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def converted_dir(gguf_path: Path, dtype: torch.dtype) -> Path:
+    return cache_root() / "converted" / f"{gguf_path.stem}-{gguf_digest(gguf_path)[:20]}-{str(dtype)[6:]}"
+
+
+def _from_pretrained(directory: Path, gguf: str | None, torch_dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_device(device)
-    directory, gguf = _split_target_path(Path(path), gguf_file)
-    torch_dtype = parse_dtype(dtype)
     kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise TargetLoadError(f"could not load the target from {directory}"
                               f"{' / ' + gguf if gguf else ''}: {e}") from e
-    model = model.to(device=device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     tokenizer = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as e:
         logging.getLogger(__name__).info("no tokenizer for %s: %s", directory, e)
+    return model, tokenizer
+
+
+def _save_converted(model: Any, tokenizer: Any, dest: Path) -> None:
+    """Write the dequantized model and its tokenizer once; a failure only costs the cache."""
+    import shutil
+
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    try:
+        model.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained with it set
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        tmp.replace(dest)
+    except (OSError, ValueError, RuntimeError, TypeError, AttributeError) as e:
+        logging.getLogger(__name__).warning("could not cache the converted target in %s: %s", dest, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_target_model(path: str | Path, gguf_file: str | None = None, dtype: str | torch.dtype = "float32",
+                      device: str = "cpu", cache: bool = True) -> tuple[Any, Any]:
+    """-> (transformers causal LM in eval mode, tokenizer or None).
+
+    A GGUF target is converted (dequantized, tokenizer rebuilt) once and kept under
+    `cache_root()/converted/`, keyed by the file's sha256 and the dtype, so that later
+    starts read safetensors instead of re-parsing the GGUF (`cache=False` skips this)."""
+    check_device(device)
+    directory, gguf = _split_target_path(Path(path), gguf_file)
+    torch_dtype = parse_dtype(dtype)
+    cached = converted_dir(directory / gguf, torch_dtype) if gguf and cache else None
+    if cached is not None and (cached / "config.json").is_file():
+        model, tokenizer = _from_pretrained(cached, None, torch_dtype)
+    else:
+        model, tokenizer = _from_pretrained(directory, gguf, torch_dtype)
+        if cached is not None:
+            _save_converted(model, tokenizer, cached)
+    model = model.to(device=device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     return model, tokenizer

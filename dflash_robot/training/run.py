@@ -88,8 +88,9 @@ def load_checkpoint(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file
-        raise DFlashError(f"{path}: corrupt, truncated or unsafe training checkpoint ({type(e).__name__}: {e}); "
-                          "delete it to start over") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DFlashError(f"{path}: corrupt, truncated or unsafe training checkpoint ({type(e).__name__}: "
+                          f"{first[:200]}); delete it to start over") from e
     if not isinstance(state, dict) or "trainer" not in state:
         raise DFlashError(f"{path}: not a dflash-robot training checkpoint")
     return state

@@ -110,7 +110,7 @@ class DraftTrainer:
             cols = self.label_index.to(labels.device)[labels]
             weights = weights * (cols >= 0)
             labels = cols.clamp(min=0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
             keep = weights > 0
             logits = self.draft.logits(hidden[keep], self.head)

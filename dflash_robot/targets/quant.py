@@ -1,0 +1,157 @@
+"""Weight precisions of the lean engine: how a linear layer's weight is stored and multiplied.
+
+Every product here is `x [M, K] fp32 -> y [M, N] fp32`; the residual stream, norms, RoPE,
+attention and the KV cache stay fp32 whatever the precision, so only the weights (the bytes
+a decode step must read) change:
+
+| precision | weights | kernel | activations into the product |
+|---|---|---|---|
+| fp32 | fp32, oneDNN-packed | `mkldnn._linear_pointwise` | fp32 |
+| bf16 | bf16, oneDNN-packed | `mkldnn._linear_pointwise` | bf16 |
+| int8 | int8 per output channel, symmetric (scale = absmax / 127) | `aten._weight_int8pack_mm` | bf16 |
+| int4 | int4 in groups of 32 along K, asymmetric (Q4_1's form) | `aten._weight_int4pack_mm_for_cpu` | bf16 |
+| gguf | the GGUF's own blocks: Q4_0 / Q4_1 as int4 (same groups, scales, offsets) | as int4 | bf16 |
+
+"gguf" keeps the file's groups, scales and offsets, rounded to bf16 (the kernel's type);
+tensors of other GGUF types are dequantized and multiplied in bf16.
+
+Measured on the 2-core box (2026-11-30, `/tmp` probe recorded in docs/ARCHITECTURE.md): the int8
+and int4 kernels give each row the same result whatever the number of rows (a 16-token
+verify and 16 single-token steps agree bit for bit), the fp32/bf16 oneDNN products do not for
+K = 1536 (the MLP down projection); see the lossless discussion there.
+
+The int4 kernel computes `w = (q - 8) * scale + zero` per group, q in 0..15: Q4_1's
+`w = d * q + m` is scale = d, zero = m + 8 d; Q4_0's `w = d * (q - 8)` is scale = d, zero = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dflash_robot.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "int8", "int4", "gguf")
+GROUP = 32  # int4 group size along K (GGUF's block size)
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def _bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return y if bias is None else y + bias
+
+
+def fp32_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    from dflash_robot.targets.fastpath import linear_fn
+
+    return linear_fn(weight.float().contiguous(), None if bias is None else bias.float())
+
+
+def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    w = weight.to(torch.bfloat16).contiguous()
+    b = None if bias is None else bias.float()
+    if weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        return lambda x: _bias(torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none", [],
+                                                                  "").float(), b)
+    return lambda x: _bias(F.linear(x.to(torch.bfloat16), w).float(), b)
+
+
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    """Per-output-channel symmetric int8 of `weight` [N, K]."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    s = scale.to(torch.bfloat16)
+    b = None if bias is None else bias.float()
+    return lambda x: _bias(torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, s).float(), b)
+
+
+@dataclass
+class Int4Weight:
+    """q int32 [N, K] in 0..15, scale and zero fp32 [N, K / GROUP]: w = (q - 8) * scale + zero."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        s = self.scale.repeat_interleave(GROUP, dim=1)
+        z = self.zero.repeat_interleave(GROUP, dim=1)
+        return (self.q.float() - 8) * s + z
+
+    def rows(self, index: torch.Tensor | slice) -> Int4Weight:
+        return Int4Weight(self.q[index], self.scale[index], self.zero[index])
+
+    @staticmethod
+    def cat(parts: list[Int4Weight]) -> Int4Weight:
+        return Int4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero")))
+
+
+def quantize_int4(weight: torch.Tensor) -> Int4Weight:
+    """Asymmetric min/max int4 in groups of 32 along K (the form of GGUF's Q4_1)."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ConfigError(f"int4 needs the input width to be a multiple of {GROUP}, got {k}")
+    w = weight.float().view(n, k // GROUP, GROUP)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
+    return Int4Weight(q, scale, lo + 8 * scale)
+
+
+def int4_linear(w4: Int4Weight, bias: torch.Tensor | None) -> Linear:
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w4.q.contiguous(), 2)
+    sz = torch.stack([w4.scale.t(), w4.zero.t()], dim=-1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
+    b = None if bias is None else bias.float()
+    return lambda x: _bias(torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, GROUP,
+                                                                      sz).float(), b)
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> Linear:
+    """A product with `weight` [N, K] at `precision` ("gguf" layers are built by `gguf_linear`)."""
+    if precision == "fp32":
+        return fp32_linear(weight, bias)
+    if precision == "bf16":
+        return bf16_linear(weight, bias)
+    if precision == "int8":
+        return int8_linear(weight, bias)
+    if precision == "int4":
+        return int4_linear(quantize_int4(weight), bias)
+    raise ConfigError(f"make_linear: unsupported precision {precision!r}")
+
+
+# --- GGUF blocks ----------------------------------------------------------------------
+
+def gguf_int4(raw: np.ndarray, qtype: str, n: int, k: int) -> Int4Weight | None:
+    """A Q4_0 / Q4_1 tensor's raw blocks (uint8 [N, K / 32 * bytes]) -> its exact int4 form;
+    None for other types. Block layouts (ggml): Q4_0 = fp16 d, 16 bytes of nibbles;
+    Q4_1 = fp16 d, fp16 m, 16 bytes; element j < 16 is the low nibble of byte j, 16 + j the high."""
+    if qtype not in ("Q4_0", "Q4_1"):
+        return None
+    size = 18 if qtype == "Q4_0" else 20
+    blocks = np.ascontiguousarray(raw).reshape(n, k // GROUP, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "Q4_1" else None
+    qs = blocks[..., size - 16:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k).astype(np.int32)
+    scale = torch.from_numpy(d)
+    zero = torch.zeros_like(scale) if m is None else torch.from_numpy(m) + 8 * scale
+    return Int4Weight(torch.from_numpy(q), scale, zero)
+
+
+def unpermute_rows(w: Int4Weight, n_head: int) -> Int4Weight:
+    """Undo llama.cpp's q/k row permutation (transformers' `_reverse_permute_weights`)."""
+    n = w.q.shape[0]
+    dim = n // n_head // 2
+    order = torch.arange(n).view(n_head, dim, 2).transpose(1, 2).reshape(n)
+    return w.rows(order)

@@ -1,0 +1,113 @@
+"""Self-distillation data on disk: compact shards, features captured while generating,
+resumption, the feature store, and a whole training run from disk on a tiny model."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from tiny import MASK, char_tokenizer, taught_target
+
+from dflash_robot.drafts.checkpoint import load_draft
+from dflash_robot.training import data as D
+from dflash_robot.training import prompts as P
+from dflash_robot.training.run import TrainRun, ensure_features, load_checkpoint, train
+from dflash_robot.training.trainer import target_features
+
+TAPS = (1, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def gen_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    model, tok = taught_target("llama"), char_tokenizer()
+    D.generate_dataset(model, tok, root, "math:1,docstring:1", 2, max_new_tokens=12, batch_size=3,
+                       feature_layer_ids=TAPS)
+    return root
+
+
+def test_prompt_sources_are_diverse_and_not_evaluation():
+    import random
+
+    rng = random.Random(0)
+    math = P.math_prompts(rng, 50)
+    code = P.docstring_prompts(rng, 50)
+    assert len(set(math)) > 45 and len(set(code)) > 40
+    assert all(m.endswith(P.GSM8K_SUFFIX) for m in math)
+    assert len(P.documented_functions()) > 500
+    assert D.check_not_evaluation(math + code, D.evaluation_prompts()) == math + code
+
+
+def test_shards_hold_the_targets_greedy_answers(gen_dir):
+    model, tok = taught_target("llama"), char_tokenizer()
+    shards = D.shard_paths(gen_dir)
+    assert [p.name for p in shards] == ["shard-00000.npz", "shard-00001.npz"]
+    for p in shards:
+        s = D.Shard.load(p)
+        assert s.tokens.dtype == np.int32 and len(s) == 3 and s.source in ("math", "docstring")
+        for i in range(len(s)):
+            ids, mask = s.sample(i)
+            start = int(s.response_start[i])
+            with torch.no_grad():  # the target's own greedy continuation of the prompt
+                ref = model.generate(ids[None, :start], max_new_tokens=12, do_sample=False,
+                                     attention_mask=torch.ones(1, start, dtype=torch.long),
+                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)[0, start:]
+            assert ids[start:].tolist() == ref.tolist()[:ids.shape[0] - start]
+            assert bool(mask[start:].all()) and not bool(mask[:start].any())
+
+
+def test_captured_features_equal_a_full_forward(gen_dir):
+    model = taught_target("llama")
+    store = D.FeatureStore(gen_dir, TAPS, model.config.hidden_size)
+    for p in D.shard_paths(gen_dir):
+        s = D.Shard.load(p)
+        for i in range(len(s)):
+            ids, _ = s.sample(i)
+            a = int(s.offsets[i])
+            got = store.get(p.stem, a, a + ids.shape[0])
+            ref = target_features(model, ids, TAPS)
+            # the last token is never fed back while generating, so its row is not captured
+            torch.testing.assert_close(got[:-1].float(), ref[:-1], rtol=2e-2, atol=2e-2)
+    sub = D.FeatureStore(gen_dir, (3,), model.config.hidden_size)  # a subset of the stored taps
+    full = store.get("shard-00000", 0, 5)
+    assert torch.equal(sub.get("shard-00000", 0, 5), full[:, 32:64])
+
+
+def test_generation_resumes_after_complete_shards(gen_dir):
+    before = {p.name: p.stat().st_mtime_ns for p in D.shard_paths(gen_dir)}
+    D.generate_dataset(taught_target("llama"), char_tokenizer(), gen_dir, "math:1,docstring:1", 3,
+                       max_new_tokens=12, batch_size=3, feature_layer_ids=TAPS)
+    after = {p.name: p.stat().st_mtime_ns for p in D.shard_paths(gen_dir)}
+    assert set(after) == set(before) | {"shard-00002.npz"}
+    assert all(after[k] == v for k, v in before.items())
+
+
+def test_ensure_features_fills_missing_shards(tmp_path):
+    model = taught_target("llama")
+    ids = [list(range(5, 25)), list(range(30, 40))]
+    D._pack([i[:4] for i in ids], [i[4:] for i in ids], "self").save(tmp_path / "shard-v1-00000.npz")
+    assert ensure_features(model, tmp_path, TAPS, 512) == 1
+    assert ensure_features(model, tmp_path, TAPS, 512) == 0  # computed once
+    got = D.FeatureStore(tmp_path, TAPS, 32).get("shard-v1-00000", 20, 30)
+    torch.testing.assert_close(got.float(), target_features(model, torch.tensor(ids[1]), TAPS), rtol=1e-2, atol=1e-2)
+
+
+def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
+    model_dir = tmp_path / "target"
+    taught_target("llama").save_pretrained(model_dir)
+    char_tokenizer().save_pretrained(model_dir)
+    run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target=str(model_dir), layers=2, block_size=8,
+                   draft_vocab=24, steps=6, batch_size=2, blocks_per_seq=4, save_every=3, eval_every=3,
+                   holdout=2, holdout_shards="shard-00000", mask_token_id=MASK, warmup_steps=2)
+    draft_dir = train(run)
+    d = load_draft(draft_dir)
+    assert d.metadata.draft_vocab_size == 24 and d.metadata.target_layer_ids == (1, 3)
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    n_shards = len(D.shard_paths(gen_dir))
+    assert log[0]["train_samples"] == 3 * (n_shards - 1) and log[0]["holdout_samples"] == 2  # shard-00000 held out
+    assert 0 < log[0]["draft_vocab_coverage"] <= 1
+    assert [r["step"] for r in log[1:]] == list(range(1, 7)) and "holdout_tau_est" in log[3]
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")  # weights_only: no pickled objects
+    assert state["trainer"]["step"] == 6
+    # the draft's taps (1, 3) are a subset of the stored ones: nothing was recomputed
+    assert [p.name for p in (gen_dir / "features").iterdir()] == ["taps-1-3-4"]
