@@ -104,8 +104,8 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
     assert d.metadata.draft_vocab_size == 24 and d.metadata.target_layer_ids == (1, 3)
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     n_shards = len(D.shard_paths(gen_dir))
-    assert log[0]["train_samples"] == 3 * (n_shards - 1) and log[0]["holdout_samples"] == 2  # shard-00000 held out
-    assert 0 < log[0]["draft_vocab_coverage"] <= 1
+    assert log[0]["train_samples"] == 3 * n_shards - 2 and log[0]["holdout_samples"] == 2  # 2 of shard-00000
+    assert 0 < log[0]["draft_vocab_coverage"] <= 1 and log[0]["step0_holdout_tau_est"] >= 1
     assert [r["step"] for r in log[1:]] == list(range(1, 7)) and "holdout_tau_est" in log[3]
     state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")  # weights_only: no pickled objects
     assert state["trainer"]["step"] == 6

@@ -49,17 +49,33 @@ def test_products_approximate_the_fp32_product(precision):
     assert y.dtype == torch.float32 and rel < {"fp32": 1e-5, "bf16": 1e-2, "int8": 2e-2, "int4": 0.15}[precision]
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4"])
-def test_quantized_products_are_row_invariant(precision):
-    """The lossless claim at these precisions rests on this: a row's result does not depend
-    on how many rows are multiplied with it (a 16-token verify vs single-token steps)."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
+def test_products_are_row_invariant(precision):
+    """The lossless claim rests on this: a row's result does not depend on how many rows are
+    multiplied with it (a 16-token verify vs single-token steps); K = 1536 is SmolLM2's MLP
+    down projection, where oneDNN's fp32/bf16 products needed the K-split."""
     w, x = torch.randn(1536, 576) / 20, torch.randn(16, 576)
     f = quant.make_linear(w, None, precision)
     assert torch.equal(f(x), torch.cat([f(x[i:i + 1]) for i in range(16)]))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
+def test_batched_verify_is_bit_identical_to_single_steps(precision):
+    """The whole lean forward, not only its products: logits and features of a 16-token verify
+    equal those of 16 single-token steps exactly (float64 attention, K-split products)."""
+    rt = DFlashRuntime.from_models(taught_target("qwen3"), None, engine="lean", precision=precision)
+    eng, taps = rt.target, (1, 3)
+    eng.prefill(torch.tensor(random_prompt(40, 7)), taps, 512)
+    block = torch.tensor(random_prompt(16, 8))
+    snap = eng.snapshot()
+    batched = eng.verify(block, taps)
+    eng.rollback(snap, 0)
+    single = eng.verify(block, taps, sequential=True)
+    assert torch.equal(batched.logits, single.logits) and torch.equal(batched.features, single.features)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
 def test_dflash_equals_the_same_engines_greedy(family, precision):
     rt = DFlashRuntime.from_models(taught_target(family), trained_draft(family), engine="lean", precision=precision)
     assert rt.target.precision == precision

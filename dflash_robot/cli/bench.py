@@ -108,7 +108,8 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
         costs = rt.adaptive_policy(args.cost_cache or None).costs
     meta = {"target": str(target), "draft": str(args.draft or "shipped (" + DEFAULT_DRAFT.name + ")"),
             "dtype": args.dtype, "device": args.device, "fast_linears": not args.no_fast_linears,
-            "engine": type(rt.target).__name__, "command": "dflash-robot " + " ".join(sys.argv[1:])}
+            "engine": type(rt.target).__name__, "precision": rt.info.get("precision"),
+            "command": "dflash-robot " + " ".join(sys.argv[1:])}
     report = run_bench(rt, cfg, costs, meta)
     paths = write_outputs(report, out, plots=not args.no_plots)
     print((out / "bench.md").read_text())

@@ -9,8 +9,9 @@ side-by-side figures. This module runs the same computation with:
   every weight pre-packed for oneDNN (`fastpath.linear_fn`) once, at construction;
 - a preallocated KV cache per layer (`[kv_heads, capacity, head_dim]`, grown by doubling),
   written in place, so a rollback or crop is just a new length: nothing is copied or freed;
-- grouped-query attention as one SDPA call per layer with the query heads of a group
-  stacked along the sequence axis (no K/V head expansion), and no mask at all for q = 1;
+- grouped-query attention as one call per layer with the query heads of a group stacked
+  along the sequence axis (no K/V head expansion), no mask at all for q = 1, computed in
+  float64 so that every query row is bit-identical however many rows share the call (`_attend`);
 - RoPE tables computed once from the model's own `rotary_emb` (its `inv_freq` and
   `attention_scaling`, so the static scalings "default", "linear" and "llama3" are exact);
 - tapped features taken straight from the residual stream, no `output_hidden_states` tuple.
@@ -72,6 +73,21 @@ def unsupported_reason(model: Any) -> str | None:
 
 def supports(model: Any) -> bool:
     return unsupported_reason(model) is None
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [nkv, M, d], k/v [nkv, S, d], mask bool [M, S] | None -> [nkv, M, d], in float64.
+
+    Why float64: a query row must come out bit-identical whether it is verified with 15
+    others or decoded alone, or DFlash's output could drift from the same engine's own greedy
+    decoding. SDPA's fp32 kernels are not row-invariant (their blocking depends on M); after
+    bf16 rounding of the next product's input, a last-bit difference grew to 0.44 in the
+    logits of SmolLM2 at precision gguf. In float64 the rows differ by ~1e-16 and round to the
+    same fp32 values (measured: 0.0 difference; docs/ARCHITECTURE.md)."""
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v.double()).to(q.dtype)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -228,7 +244,7 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
             vc[:, start:end] = v.transpose(0, 1)
             # [T, nh, d] -> [nkv, g*T, d]: the g query heads of a KV head stacked along rows
             qh = q.view(t, nkv, g, d).permute(1, 2, 0, 3).reshape(nkv, g * t, d)
-            o = F.scaled_dot_product_attention(qh, kc[:, :end], vc[:, :end], attn_mask=mask)
+            o = _attend(qh, kc[:, :end], vc[:, :end], mask)
             o = o.view(nkv, g, t, d).permute(2, 0, 1, 3).reshape(t, nh * d)
             x = x + layer.o(o)
             h = _rms(x, layer.ln2, self.eps)

@@ -15,10 +15,11 @@ a decode step must read) change:
 "gguf" keeps the file's groups, scales and offsets, rounded to bf16 (the kernel's type);
 tensors of other GGUF types are dequantized and multiplied in bf16.
 
-Measured on the 2-core box (2026-11-30, `/tmp` probe recorded in docs/ARCHITECTURE.md): the int8
-and int4 kernels give each row the same result whatever the number of rows (a 16-token
-verify and 16 single-token steps agree bit for bit), the fp32/bf16 oneDNN products do not for
-K = 1536 (the MLP down projection); see the lossless discussion there.
+Row invariance (a row's result must not depend on how many rows share the call, or a 16-token
+verify could disagree with 16 single-token steps): measured on the 2-core box (2026-11-30), the
+int8 and int4 kernels have it at every SmolLM2 shape; the oneDNN fp32/bf16 products have it up
+to K = 768 but not at K = 1536 (the MLP down projection), so those are cut into K-chunks of 512
+(`_k_split`). `tests/test_precision.py` re-checks it on whatever machine runs the tests.
 
 The int4 kernel computes `w = (q - 8) * scale + zero` per group, q in 0..15: Q4_1's
 `w = d * q + m` is scale = d, zero = m + 8 d; Q4_0's `w = d * (q - 8)` is scale = d, zero = 0.
@@ -50,13 +51,37 @@ def _bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return y if bias is None else y + bias
 
 
+K_CHUNK = 512  # oneDNN's fp32/bf16 products were row-invariant up to K = 768 here, not at K = 1536
+
+
+def _k_split(weight: torch.Tensor, bias: torch.Tensor | None, make: Callable[..., Linear]) -> Linear:
+    """A product whose rows do not depend on how many rows share the call: K above K_CHUNK is
+    cut into chunks multiplied separately and summed in a fixed order (same bytes read)."""
+    k = weight.shape[1]
+    if k <= K_CHUNK:
+        return make(weight, bias)
+    parts = [make(weight[:, i:i + K_CHUNK], bias if i == 0 else None) for i in range(0, k, K_CHUNK)]
+    bounds = list(range(0, k, K_CHUNK))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = parts[0](x[:, :K_CHUNK])
+        for p, i in zip(parts[1:], bounds[1:], strict=True):
+            y = y + p(x[:, i:i + K_CHUNK])
+        return y
+    return f
+
+
 def fp32_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
     from dflash_robot.targets.fastpath import linear_fn
 
-    return linear_fn(weight.float().contiguous(), None if bias is None else bias.float())
+    return _k_split(weight.float(), bias, lambda w, b: linear_fn(w.contiguous(), None if b is None else b.float()))
 
 
 def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    return _k_split(weight, bias, _bf16_linear)
+
+
+def _bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
     w = weight.to(torch.bfloat16).contiguous()
     b = None if bias is None else bias.float()
     if weight.device.type == "cpu" and torch.backends.mkldnn.is_available():

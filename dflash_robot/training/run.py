@@ -59,7 +59,7 @@ class TrainRun:
     save_every: int = 100
     eval_every: int = 100
     holdout: int = 48
-    holdout_shards: str = "shard-v1-00000,shard-00000,shard-00001"
+    holdout_shards: str = "shard-v1-00000,shard-00000,shard-00001,shard-00002"
     seed: int = 0
     threads: int | None = None
     log: str | None = None  # extra copy of the log (e.g. under docs/logs/)
@@ -148,6 +148,8 @@ def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], max_
 
 
 def _split(samples: list, run: TrainRun) -> tuple[list, list]:
+    """Held-out samples: taken round-robin from `holdout_shards` (a fixed set, so estimates stay
+    comparable as data grows); only they are left out of training."""
     names = [s for s in run.holdout_shards.split(",") if s]
     pools = {n: [s for s in samples if s[2][0] == n] for n in names}
     hold: list = []
@@ -155,8 +157,8 @@ def _split(samples: list, run: TrainRun) -> tuple[list, list]:
     while len(hold) < run.holdout and any(k < len(v) for v in pools.values()):
         hold += [v[k] for v in pools.values() if k < len(v)][:run.holdout - len(hold)]
         k += 1
-    used = {s[2][0] for s in hold}
-    return hold, [s for s in samples if s[2][0] not in used]
+    held = {s[2] for s in hold}
+    return hold, [s for s in samples if s[2] not in held]
 
 
 def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlashDraft, dict]:
@@ -235,6 +237,7 @@ def train(run: TrainRun) -> Path:
         head = {"run": {k: v for k, v in vars(run).items()}, **info, "train_samples": len(train_set),
                 "holdout_samples": len(holdout),
                 "train_response_tokens": int(sum(int(m.sum()) for _, m, _ in train_set))}
+        head["step0_holdout_tau_est"] = holdout_estimate(trainer, holdout)  # where this stage starts
         for f in logs:
             f.write(json.dumps(head) + "\n")
     _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
