@@ -111,3 +111,14 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
     assert state["trainer"]["step"] == 6
     # the draft's taps (1, 3) are a subset of the stored ones: nothing was recomputed
     assert [p.name for p in (gen_dir / "features").iterdir()] == ["taps-1-3-4"]
+
+
+def test_feature_store_reads_each_shard_from_a_tap_set_that_has_it(tmp_path):
+    a = torch.arange(4 * 3 * 2, dtype=torch.float32).view(4, 6).to(torch.bfloat16)
+    b = -a
+    D._save_features(D.taps_dir(tmp_path, (1, 2, 3)) / "shard-00000.npy", a)  # ids 1, 2, 3, hidden 2
+    D._save_features(D.taps_dir(tmp_path, (1, 3, 5)) / "shard-00001.npy", b)
+    store = D.FeatureStore(tmp_path, (1, 3), 2)
+    assert torch.equal(store.get("shard-00000", 1, 3), torch.cat([a[1:3, 0:2], a[1:3, 4:6]], dim=-1))
+    assert torch.equal(store.get("shard-00001", 0, 2), torch.cat([b[0:2, 0:2], b[0:2, 2:4]], dim=-1))
+    assert store.get("shard-00002", 0, 1) is None

@@ -288,31 +288,29 @@ def shard_paths(data_dir: str | Path) -> list[Path]:
 
 
 class FeatureStore:
-    """Memory-mapped tapped features of one data directory, for a given set of layer ids
-    (any subset of a stored tap set, in the same order)."""
+    """Memory-mapped tapped features of one data directory, for a given set of layer ids: any
+    subset of a stored tap set, in the same order. A shard's features are read from the first
+    stored tap set (sorted by name) that covers the ids and has that shard."""
 
     def __init__(self, data_dir: Path, layer_ids: Sequence[int], hidden: int):
-        self.cols: list[slice] = []
-        self.maps: dict[str, np.ndarray] = {}
-        self.dir = None
+        self.sets: list[tuple[Path, list[slice]]] = []
+        self.maps: dict[str, tuple[np.ndarray, list[slice]] | None] = {}
         for d in sorted((data_dir / "features").glob("taps-*")):
             stored = [int(x) for x in d.name[5:].split("-")]
             if all(i in stored for i in layer_ids):
-                self.dir = d
-                self.cols = [slice(stored.index(i) * hidden, (stored.index(i) + 1) * hidden) for i in layer_ids]
-                break
+                cols = [slice(stored.index(i) * hidden, (stored.index(i) + 1) * hidden) for i in layer_ids]
+                self.sets.append((d, cols))
 
     def get(self, shard: str, a: int, b: int) -> torch.Tensor | None:
-        if self.dir is None:
-            return None
         if shard not in self.maps:
-            p = self.dir / f"{shard}.npy"
-            if not p.exists():
-                return None
-            self.maps[shard] = np.load(p, mmap_mode="r")
-        m = self.maps[shard]
-        rows = torch.from_numpy(np.ascontiguousarray(m[a:b])).view(torch.bfloat16)
-        return torch.cat([rows[:, c] for c in self.cols], dim=-1)
+            found = [(d / f"{shard}.npy", cols) for d, cols in self.sets if (d / f"{shard}.npy").exists()]
+            self.maps[shard] = (np.load(found[0][0], mmap_mode="r"), found[0][1]) if found else None
+        entry = self.maps[shard]
+        if entry is None:
+            return None
+        m, cols = entry
+        rows = torch.from_numpy(np.array(m[a:b])).view(torch.bfloat16)
+        return torch.cat([rows[:, c] for c in cols], dim=-1)
 
 
 def load_dataset(data_dir: str | Path, max_len: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:

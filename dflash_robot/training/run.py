@@ -134,7 +134,7 @@ def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], max_
                 if all(i in [int(x) for x in d.name[5:].split("-")] for i in layer_ids)]
     fdir = existing[0] if existing else taps_dir(data_dir, layer_ids)
     ids_stored = tuple(int(x) for x in fdir.name[5:].split("-"))
-    todo = [p for p in shard_paths(data_dir) if not (fdir / f"{p.stem}.npy").exists()]
+    todo = [p for p in shard_paths(data_dir) if not any((d / f"{p.stem}.npy").exists() for d in existing)]
     for p in tqdm(todo, desc="target features", unit="shard", disable=not todo):
         shard = Shard.load(p)
         rows = []
