@@ -28,7 +28,7 @@ from dflash_robot.drafts.model import DFlashDraft
 from dflash_robot.drafts.validation import check_compatible
 from dflash_robot.errors import ConfigError, DFlashError
 from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
-from dflash_robot.runtime.orchestrator import RuntimeOrchestrator, StepEvent
+from dflash_robot.runtime.orchestrator import GenerationResult, RuntimeOrchestrator, StepEvent
 from dflash_robot.runtime.policy import AdaptiveBlockSize, BlockSizePolicy
 from dflash_robot.runtime.proposer import DFlashProposer
 from dflash_robot.runtime.text import TextStream
@@ -45,33 +45,15 @@ Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
 
 @dataclass
-class Completion:
-    """The result of `DFlashRuntime.generate`: text plus the statistics of its decode."""
+class Completion(GenerationResult):
+    """The result of `DFlashRuntime.generate`: a `GenerationResult` plus its text.
+    finish_reason "stop" also covers a stop string."""
 
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string) | "length" (max_new_tokens reached)
-    prompt_tokens: int
-    acceptance_lengths: list[int]  # per verify step: accepted draft tokens + the bonus token
-    block_sizes: list[int]  # per verify step
-    time_to_first_token_s: float
-    decode_s: float  # after the first token
-    draft_s: float
-    verify_s: float
+    text: str = ""
 
     @property
     def completion_tokens(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        a = self.acceptance_lengths
-        return sum(a) / len(a) if a else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        n = len(self.token_ids) - 1
-        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
 
 @dataclass
@@ -263,8 +245,9 @@ class DFlashRuntime:
         total = time.perf_counter() - t0
         if text is not None:
             text.finish()
-        return Completion(text.text if text is not None else "", tokens, reason, len(ids), acc, sizes, ttft,
-                          max(total - ttft, 0.0), draft_s, verify_s)
+        return Completion(token_ids=tokens, acceptance_lengths=acc, block_sizes=sizes, finish_reason=reason,
+                          prompt_tokens=len(ids), time_to_first_token_s=ttft, decode_s=max(total - ttft, 0.0),
+                          draft_s=draft_s, verify_s=verify_s, text=text.text if text is not None else "")
 
     # --- adaptive block size -----------------------------------------------------------
 
