@@ -37,20 +37,27 @@ def test_greedy_with_a_draft_vocabulary_is_the_target_greedy(n):
         assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), 40)
 
 
-def test_drafted_tokens_come_from_the_vocabulary():
+@pytest.mark.parametrize("tree_budget", [0, 12])
+def test_drafted_tokens_come_from_the_vocabulary(monkeypatch, tree_budget):
+    """Chain blocks and tree nodes alike draft only ids of the draft vocabulary."""
+    import dflash_robot.runtime.strategy as strategy_mod
+
     d = _vocab_draft(8)
     rt = DFlashRuntime.from_models(taught_target("llama"), d)
     ids = set(d.vocab_ids.tolist())
     seen = []
-    orig = rt.orchestrator._draft
+    cls = strategy_mod.TreeStrategy if tree_budget else strategy_mod.ChainStrategy
+    orig = cls.propose
 
-    def spy(*a, **k):
-        block, probs = orig(*a, **k)
-        seen.extend(block[1:].tolist())
-        return block, probs
-    rt.orchestrator._draft = spy
-    rt.orchestrator.generate(random_prompt(10, 3), GenerationConfig(max_new_tokens=30, block_size=8))
+    def spy(self, *a, **k):
+        proposal = orig(self, *a, **k)
+        seen.extend(proposal.tokens[1:].tolist())
+        return proposal
+    monkeypatch.setattr(cls, "propose", spy)
+    prompt = random_prompt(10, 3)
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=30, block_size=8, tree_budget=tree_budget))
     assert seen and set(seen) <= ids
+    assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), 30)
 
 
 def test_a_covering_subset_keeps_acceptance():

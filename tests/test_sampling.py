@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import dflash_robot.runtime.orchestrator as orch
+import dflash_robot.runtime.strategy as strategy_mod
 from dflash_robot.drafts.model import build_draft
 from dflash_robot.runtime.acceptance import Acceptance, rejection_accept
 from dflash_robot.runtime.api import DFlashRuntime
@@ -95,7 +95,7 @@ def _biased_accept(draft_tokens, draft_probs, target_probs, generator):
 def test_statistical_test_detects_a_biased_sampler(tiny_pair, monkeypatch):
     """Negative control: the same test rejects a sampler that skips the residual."""
     target, draft = tiny_pair
-    monkeypatch.setattr(orch, "rejection_accept", _biased_accept)
+    monkeypatch.setattr(strategy_mod, "rejection_accept", _biased_accept)
     rt = DFlashRuntime.from_models(target, draft)
     counts = empirical_joint(rt, CONFIGS[0], 1500)
     assert chi2_pvalue(counts, exact_joint(target, CONFIGS[0])) < 1e-3

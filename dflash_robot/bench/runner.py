@@ -191,24 +191,37 @@ class BenchConfig:
     llama_cpp_gguf: str | None = None
     threads: int | None = None
     progress: bool = True
+    tree_budgets: Sequence[int] = ()  # tree verification (DDTree) runs, one per budget ...
+    tree_block_sizes: Sequence[int] = ()  # ... at each of these block sizes (default: the largest chain one)
 
 
-def _policies(cfg: BenchConfig, costs: dict[int, float] | None, max_block: int
-              ) -> dict[str, Callable[[], BlockSizePolicy]]:
-    out: dict[str, Callable[[], BlockSizePolicy]] = {}
+def _policies(cfg: BenchConfig, costs: dict[int, float] | None, max_block: int,
+              tree_costs: dict[int, float] | None = None) -> dict[str, tuple[Callable[[], BlockSizePolicy], int]]:
+    """key -> (policy factory, tree budget; 0 = chain)."""
+    out: dict[str, tuple[Callable[[], BlockSizePolicy], int]] = {}
     for q in cfg.block_sizes:
         if not 2 <= q <= max_block:
             raise ConfigError(f"block size {q} outside 2..{max_block} (the draft's training block size)")
-        out[f"q={q}"] = lambda q=q: FixedBlockSize(q)  # type: ignore[misc]
+        out[f"q={q}"] = (lambda q=q: FixedBlockSize(q), 0)  # type: ignore[misc]
+    for q in cfg.tree_block_sizes or ([max(cfg.block_sizes)] if cfg.tree_budgets else []):
+        if not 2 <= q <= max_block:
+            raise ConfigError(f"tree block size {q} outside 2..{max_block} (the draft's training block size)")
+        for n in cfg.tree_budgets:
+            if n < 1:
+                raise ConfigError(f"tree budget {n} must be >= 1")
+            out[f"tree={n},q={q}"] = (lambda q=q: FixedBlockSize(q), n)  # type: ignore[misc]
     if cfg.adaptive:
         assert costs is not None
         shared = AdaptiveBlockSize(costs, max_block)  # learns across the dataset's prompts
-        out["adaptive"] = lambda: shared
+        out["adaptive"] = (lambda: shared, 0)
+        if tree_costs:
+            shared_tree = AdaptiveBlockSize(costs, max_block, tree_costs=tree_costs)
+            out["adaptive+tree"] = (lambda: shared_tree, 0)
     return out
 
 
 def run_bench(runtime: Any, cfg: BenchConfig, costs: dict[int, float] | None = None,
-              meta: dict[str, Any] | None = None) -> dict[str, Any]:
+              meta: dict[str, Any] | None = None, tree_costs: dict[int, float] | None = None) -> dict[str, Any]:
     """Run the benchmark on a loaded `DFlashRuntime`; returns the JSON-ready report."""
     if runtime.tokenizer is None:
         raise ConfigError("bench needs the target's tokenizer (to apply the chat template)")
@@ -221,11 +234,12 @@ def run_bench(runtime: Any, cfg: BenchConfig, costs: dict[int, float] | None = N
         if cfg.llama_cpp_gguf else None
     report: dict[str, Any] = {"meta": {**(meta or {}), **machine_info(), "max_new_tokens": cfg.max_new_tokens,
                                        "limit": cfg.limit, "seed": cfg.seed},
-                              "costs_s": {str(q): c for q, c in (costs or {}).items()}, "datasets": {}}
+                              "costs_s": {str(q): c for q, c in (costs or {}).items()},
+                              "tree_costs_s": {str(n): c for n, c in (tree_costs or {}).items()}, "datasets": {}}
     rss_after_baseline = None
     for name in cfg.datasets:
         convs = conversations(name, cfg.limit, cfg.seed)
-        policies = _policies(cfg, costs, max_block)
+        policies = _policies(cfg, costs, max_block, tree_costs)
         base = RunStats()
         stats = {k: RunStats() for k in policies}
         comp: dict[str, RunStats] = {}
@@ -246,9 +260,9 @@ def run_bench(runtime: Any, cfg: BenchConfig, costs: dict[int, float] | None = N
                 base.add(len(b.token_ids), b.decode_s, b.time_to_first_token_s)
                 if rss_after_baseline is None:
                     rss_after_baseline = peak_rss_mb()
-                for key, make in policies.items():
-                    r = orch.generate(ids, GenerationConfig(cfg.max_new_tokens, None, stop_token_ids=stops),
-                                      policy=make())
+                for key, (make, budget) in policies.items():
+                    r = orch.generate(ids, GenerationConfig(cfg.max_new_tokens, None, stop_token_ids=stops,
+                                                            tree_budget=budget), policy=make())
                     stats[key].add(len(r.token_ids), r.decode_s, r.time_to_first_token_s,
                                    r.acceptance_lengths, r.block_sizes)
                     stats[key].mismatches += r.token_ids != b.token_ids
@@ -272,6 +286,9 @@ def run_bench(runtime: Any, cfg: BenchConfig, costs: dict[int, float] | None = N
         if fixed:
             best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
             entry["best_fixed"] = best
+        trees = {k: v for k, v in entry["dflash"].items() if k.startswith("tree=")}
+        if trees:
+            entry["best_tree"] = max(trees, key=lambda k: trees[k]["tokens_per_s"])
         report["datasets"][name] = entry
     report["memory"] = {"peak_rss_mb_after_first_baseline_run": round(rss_after_baseline or 0.0, 1),
                         "peak_rss_mb_after_all_runs": round(peak_rss_mb(), 1),
@@ -355,6 +372,9 @@ def to_markdown(report: dict[str, Any]) -> str:
     if report.get("costs_s"):
         lines.append("Iteration cost curve used by `adaptive` (s): "
                      + ", ".join(f"q={q}: {c:.4f}" for q, c in report["costs_s"].items()))
+    if report.get("tree_costs_s"):
+        lines.append("Tree iteration costs used by `adaptive+tree` (s, at the largest block size): "
+                     + ", ".join(f"budget {n}: {c:.4f}" for n, c in report["tree_costs_s"].items()))
     return "\n".join(lines) + "\n"
 
 

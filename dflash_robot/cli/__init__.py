@@ -19,7 +19,7 @@ Run `dflash-robot COMMAND --help` for a command's options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dflash_robot.cli import bench, convert, generate, serve, train
+    from dflash_robot.cli import bench, convert, export, generate, serve, train
 
     parser = argparse.ArgumentParser(prog="dflash-robot", description=DESCRIPTION, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -29,16 +29,27 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_data_parser(sub)
     serve.add_parser(sub)
     convert.add_parser(sub)
+    export.add_parser(sub)
     return parser
 
 
+def _quiet_import_noise() -> None:
+    """transformers imports torchao when it is installed (ExecuTorch's extra pulls it in), and
+    torchao logs a warning per optional CUDA library it cannot load; none of it concerns a run."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from dflash_robot.cli import bench, convert, generate, serve, train
+    from dflash_robot.cli import bench, convert, export, generate, serve, train
     from dflash_robot.errors import DFlashError
 
     args = build_parser().parse_args(argv)
+    _quiet_import_noise()
     commands = {"generate": generate.run, "bench": bench.run, "train": train.run, "data": train.run_data,
-                "serve": serve.run, "convert": convert.run}
+                "serve": serve.run, "convert": convert.run, "export": export.run}
     try:
         return commands[args.command](args)
     except DFlashError as e:

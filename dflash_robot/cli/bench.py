@@ -36,6 +36,10 @@ def add_parser(sub: Any) -> None:
                    help="comma-separated: humaneval, gsm8k, aime25, mtbench (both turns), ifbench")
     b.add_argument("--limit", type=int_at_least(1), default=10, help="prompts per dataset (a seeded subset)")
     b.add_argument("--block-sizes", type=int_list, default=[2, 4, 8, 16], help="fixed block sizes to sweep")
+    b.add_argument("--tree-budgets", type=int_list, default=[],
+                   help="also run tree verification (DDTree) with these node budgets, e.g. 8,16,32")
+    b.add_argument("--tree-block-sizes", type=int_list, default=[],
+                   help="block sizes (tree depth + 1) for the tree runs (default: the largest of --block-sizes)")
     b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive block-size policy")
     b.add_argument("--max-new-tokens", type=int_at_least(1), default=128, help="tokens to generate per prompt")
     b.add_argument("--seed", type=int, default=0, help="subset selection seed")
@@ -60,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"unknown dataset {d!r}; choose from {', '.join(DATASETS)}")
     if not args.block_sizes or any(q < 1 for q in args.block_sizes):
         raise ConfigError(f"--block-sizes must be integers >= 1, got {args.block_sizes}")
+    if any(n < 1 for n in args.tree_budgets):
+        raise ConfigError(f"--tree-budgets must be integers >= 1, got {args.tree_budgets}")
+    if args.tree_block_sizes and not args.tree_budgets:
+        raise ConfigError("--tree-block-sizes needs --tree-budgets")
+    if any(q < 2 for q in args.tree_block_sizes):
+        raise ConfigError(f"--tree-block-sizes must be integers >= 2, got {args.tree_block_sizes}")
     check_paths(args)
     from dflash_robot.drafts.checkpoint import ensure_writable_dir
     from dflash_robot.targets.loading import default_target_path
@@ -96,21 +106,25 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
                             draft_dtype=args.draft_dtype)
     assert rt.draft is not None
     top = rt.draft.metadata.training_block_size
-    if any(q > top for q in args.block_sizes):
-        raise ConfigError(f"--block-sizes {args.block_sizes}: this draft supports 1..{top}")
+    if any(q > top for q in args.block_sizes + args.tree_block_sizes):
+        raise ConfigError(f"--block-sizes {args.block_sizes} / --tree-block-sizes {args.tree_block_sizes}: "
+                          f"this draft supports 1..{top}")
     cfg = BenchConfig(datasets=datasets, limit=args.limit, block_sizes=args.block_sizes,
                       adaptive=not args.no_adaptive, max_new_tokens=args.max_new_tokens, seed=args.seed,
                       hf_generate=args.hf_generate, llama_cpp_gguf=str(gguf) if gguf else None,
-                      threads=args.threads, progress=not args.no_progress)
-    costs = None
+                      threads=args.threads, progress=not args.no_progress, tree_budgets=args.tree_budgets,
+                      tree_block_sizes=args.tree_block_sizes)
+    costs = tree_costs = None
     if cfg.adaptive:
         print("iteration-cost curve for --adaptive (cached: " + (args.cost_cache or "off") + ")", file=sys.stderr)
         costs = rt.adaptive_policy(args.cost_cache or None).costs
+        if args.tree_budgets:  # `adaptive+tree`: its tree arms run at the draft's largest block size
+            tree_costs = rt.adaptive_policy(args.cost_cache or None, tree_budgets=args.tree_budgets).tree_costs
     meta = {"target": str(target), "draft": str(args.draft or "shipped (" + DEFAULT_DRAFT.name + ")"),
             "dtype": args.dtype, "device": args.device, "fast_linears": not args.no_fast_linears,
             "engine": type(rt.target).__name__, "precision": rt.info.get("precision"),
             "command": "dflash-robot " + " ".join(sys.argv[1:])}
-    report = run_bench(rt, cfg, costs, meta)
+    report = run_bench(rt, cfg, costs, meta, tree_costs)
     paths = write_outputs(report, out, plots=not args.no_plots)
     print((out / "bench.md").read_text())
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)

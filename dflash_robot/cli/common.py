@@ -52,9 +52,11 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
                    help="keep transformers' own nn.Linear (by default fp32 CPU linears are pre-packed for oneDNN); "
                         "the lean engine always packs its own fused copies, so pair this with --engine hf")
     if engine:
-        g.add_argument("--engine", choices=["auto", "hf", "lean"], default="auto",
-                       help="target engine: transformers' forward (hf) or the lean Llama/Qwen2/Qwen3 forward "
-                            "(lean); auto = lean where supported, else hf")
+        g.add_argument("--engine", choices=["auto", "hf", "lean", "executorch"], default="auto",
+                       help="target engine: transformers' forward (hf), the lean Llama/Qwen2/Qwen3 forward "
+                            "(lean), or an ExecuTorch export (executorch: --target is the directory `dflash-robot "
+                            "export executorch` wrote, which holds the draft too); auto = lean where supported, "
+                            "else hf")
         g.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default=None,
                        help="weights of the lean engine: fp32, bf16, int8 (per channel), int4 (groups of 32), or "
                             "gguf (the GGUF target's own Q4_0/Q4_1 blocks as int4); products other than fp32 take "
@@ -68,6 +70,18 @@ def check_paths(args: argparse.Namespace) -> None:
 
     if getattr(args, "target", None) and not Path(args.target).exists():
         raise ConfigError(f"--target {args.target} does not exist")
+    if getattr(args, "engine", None) == "executorch":
+        if not getattr(args, "target", None):
+            raise ConfigError("--engine executorch needs --target DIR, a directory written by "
+                              "`dflash-robot export executorch`")
+        for flag in ("draft", "precision", "gguf_file", "draft_device", "draft_dtype"):
+            if getattr(args, flag, None):
+                raise ConfigError(f"--{flag.replace('_', '-')} does not apply to --engine executorch "
+                                  "(the export fixes the draft and the weights)")
+        from dflash_robot.export.manifest import read_manifest
+
+        args.executorch_manifest = read_manifest(args.target)
+        return
     draft = getattr(args, "draft", None)
     if draft:
         d = Path(draft)

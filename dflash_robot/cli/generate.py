@@ -28,6 +28,7 @@ examples:
   dflash-robot generate "Explain KV caches in two sentences."
   echo "Tell me a story." | dflash-robot generate --temperature 0.8 --top-p 0.95 --seed 1
   dflash-robot generate "Hi" --block-size 1          # plain autoregressive decoding, same loop
+  dflash-robot generate "Hi" --block-size 8 --tree-budget 16   # verify a 16-node draft tree per step
 """
 
 
@@ -45,6 +46,12 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--adaptive", action="store_true",
                    help="choose each step's block size from recent acceptance and the measured iteration-cost "
                         "curve (measured once in about 20 s, then cached for a week; see --cost-cache)")
+    d.add_argument("--tree-budget", type=int_at_least(0), default=0,
+                   help="verify a draft tree (DDTree) of this many drafted nodes per step instead of a chain "
+                        "(0 = chain); the tree is at most --block-size - 1 deep. With --adaptive: let the policy "
+                        "choose, each step, between this tree and the chain block sizes")
+    d.add_argument("--tree-topk", type=int_at_least(1), default=None,
+                   help="candidates per depth of the tree (default: the budget)")
     d.add_argument("--cost-cache", default=DEFAULT_COST_CACHE,
                    help="JSON file caching the iteration-cost curve ('' to re-measure every run)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -71,6 +78,14 @@ def _validate(args: argparse.Namespace) -> None:
     SamplingConfig(args.temperature, args.top_p, args.top_k)
     if args.adaptive and args.block_size is not None:
         raise ConfigError("--adaptive chooses the block size itself; drop --block-size")
+    if args.tree_budget and args.block_size == 1:
+        raise ConfigError("--tree-budget needs a draft block: --block-size must be >= 2")
+    if args.tree_budget and args.verify_mode == "sequential":
+        raise ConfigError("--tree-budget verifies the tree in one batched forward; drop --verify-mode sequential")
+    if args.tree_topk is not None and args.adaptive:
+        raise ConfigError("--tree-topk is fixed by --adaptive's tree arm (the budget); drop --tree-topk")
+    if args.tree_topk is not None and not args.tree_budget:
+        raise ConfigError("--tree-topk applies to tree verification; add --tree-budget N")
     if args.input_ids is not None and not args.input_ids:
         raise ConfigError("--input-ids is empty; give at least one token id, e.g. --input-ids 1,2,3")
     if args.input_ids is not None and args.prompt is not None:
@@ -84,7 +99,8 @@ def _validate(args: argparse.Namespace) -> None:
     check_paths(args)
     needs_draft = args.adaptive or (args.block_size or 2) > 1
     if needs_draft:
-        top = draft_training_block_size(args.draft)
+        manifest = getattr(args, "executorch_manifest", None)
+        top = int(manifest["block_size"]) if manifest else draft_training_block_size(args.draft)
         if args.block_size is not None and args.block_size > top:
             raise ConfigError(f"--block-size {args.block_size} is out of range: this draft supports 1..{top} "
                               "(its training block size)")
@@ -110,10 +126,15 @@ def run(args: argparse.Namespace) -> int:
     ids = rt.encode(prompt, chat=not args.no_chat_template)
     cfg = rt.config(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                     top_k=args.top_k, block_size=args.block_size, seed=args.seed,
-                    stop_token_ids=args.stop_token_ids or (), verify_mode=args.verify_mode)
+                    stop_token_ids=args.stop_token_ids or (), verify_mode=args.verify_mode,
+                    tree_budget=args.tree_budget, tree_topk=args.tree_topk)
     policy = None
-    if args.adaptive:
-        policy = rt.adaptive_policy(args.cost_cache or None, progress=_cost_progress)
+    if args.adaptive:  # with --tree-budget N the policy also weighs that tree against the chain sizes
+        policy = rt.adaptive_policy(args.cost_cache or None, progress=_cost_progress,
+                                    tree_budgets=[args.tree_budget] if args.tree_budget else [])
+        cfg = rt.config(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, block_size=None, seed=args.seed, stop_token_ids=args.stop_token_ids or (),
+                        verify_mode=args.verify_mode)
     if args.json:
         return _print_json(rt, ids, cfg, policy, load_s)
     return _stream_text(rt, ids, cfg, policy, load_s)

@@ -26,7 +26,7 @@ import torch
 from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.drafts.model import DFlashDraft
 from dflash_robot.drafts.validation import check_compatible
-from dflash_robot.errors import ConfigError, DFlashError
+from dflash_robot.errors import ConfigError, DFlashError, UnsupportedModelError
 from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
 from dflash_robot.runtime.orchestrator import GenerationResult, RuntimeOrchestrator, StepEvent
 from dflash_robot.runtime.policy import AdaptiveBlockSize, BlockSizePolicy
@@ -117,6 +117,13 @@ class DFlashRuntime:
         """
         from dflash_robot.targets.quant import check_precision
 
+        if engine == "executorch":
+            if draft is not None:
+                raise ConfigError("an ExecuTorch export holds its own draft (draft.pte); drop the draft argument")
+            if target is None:
+                raise ConfigError("engine 'executorch' needs target= an export directory "
+                                  "(`dflash-robot export executorch`)")
+            return cls.load_executorch(target)
         if precision != "auto":
             check_precision(precision)
         torch_dtype = parse_dtype(dtype)
@@ -136,6 +143,19 @@ class DFlashRuntime:
                        device=device, draft=str(Path(draft or DEFAULT_DRAFT).resolve()) if d is not None else None,
                        fast_linears=fast_linears)
         return rt
+
+    @classmethod
+    def load_executorch(cls, export_dir: str | Path) -> DFlashRuntime:
+        """Run an ExecuTorch export (target.pte + draft.pte, `dflash_robot/export/`) through
+        ExecuTorch's Python runtime, with the same orchestrator as the eager engines."""
+        from dflash_robot.export.runtime import load_executorch_runtime
+
+        target, draft, tok = load_executorch_runtime(export_dir)
+        orch = RuntimeOrchestrator(target, draft)  # type: ignore[arg-type]
+        info = {"engine": "executorch", "target": str(Path(export_dir).resolve()), "precision": "fp32",
+                "block_size": target.block, "max_context": target.max_context,
+                "stop_token_ids": list(target.manifest.get("stop_token_ids", []))}
+        return cls(target, tok, draft, orch, info=info)  # type: ignore[arg-type]
 
     # --- text in, text out -------------------------------------------------------------
 
@@ -164,7 +184,7 @@ class DFlashRuntime:
 
     def stop_token_ids(self, extra: Sequence[int] = ()) -> tuple[int, ...]:
         """`extra` plus every EOS the tokenizer, the model config and its generation config name."""
-        ids = set(extra)
+        ids = set(extra) | set(self.info.get("stop_token_ids", ()))
         model = getattr(self.target, "model", None)
         for src in (getattr(self.tokenizer, "eos_token_id", None),
                     getattr(getattr(model, "config", None), "eos_token_id", None),
@@ -177,12 +197,15 @@ class DFlashRuntime:
 
     def config(self, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                block_size: int | None = None, seed: int | None = 0, stop_token_ids: Sequence[int] = (),
-               verify_mode: str = "batched") -> GenerationConfig:
-        """A validated `GenerationConfig` with this model's EOS ids as stop tokens."""
+               verify_mode: str = "batched", tree_budget: int = 0,
+               tree_topk: int | None = None) -> GenerationConfig:
+        """A validated `GenerationConfig` with this model's EOS ids as stop tokens.
+        `tree_budget` > 0 verifies a draft tree of that many nodes per step (DDTree) instead
+        of a chain; `tree_topk` caps the candidates per depth (default: the budget)."""
         return GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size,
                                 sampling=SamplingConfig(temperature, top_p, top_k),
                                 stop_token_ids=self.stop_token_ids(stop_token_ids), seed=seed,
-                                verify_mode=verify_mode)
+                                verify_mode=verify_mode, tree_budget=tree_budget, tree_topk=tree_topk)
 
     def events(self, prompt: Prompt, cfg: GenerationConfig, policy: BlockSizePolicy | None = None,
                chat: bool = True) -> Generator[StepEvent, None, None]:
@@ -192,7 +215,7 @@ class DFlashRuntime:
     def stream(self, prompt: Prompt, *, stop: Sequence[str] = (), adaptive: bool = False, chat: bool = True,
                **settings: Any) -> Iterator[str]:
         """Yield text deltas. `settings` are those of `config` (max_new_tokens, temperature,
-        top_p, top_k, block_size, seed, stop_token_ids, verify_mode)."""
+        top_p, top_k, block_size, seed, stop_token_ids, verify_mode, tree_budget, tree_topk)."""
         cfg = self.config(**settings)
         policy = self.adaptive_policy() if adaptive else None
         text = TextStream(self.tokenizer, stop) if self.tokenizer is not None else None
@@ -263,16 +286,29 @@ class DFlashRuntime:
                          str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}"])
 
     def adaptive_policy(self, cost_cache: str | Path | None = DEFAULT_COST_CACHE,
-                        progress: Any = None) -> AdaptiveBlockSize:
-        """An `AdaptiveBlockSize` over this runtime's measured cost curve (cached, expiring)."""
-        from dflash_robot.runtime.policy import load_or_measure_costs
+                        progress: Any = None, tree_budgets: Sequence[int] = ()) -> AdaptiveBlockSize:
+        """An `AdaptiveBlockSize` over this runtime's measured cost curve (cached, expiring).
+        With `tree_budgets`, it also weighs tree verification at those node budgets (at the
+        draft's largest block size), from their own measured iteration costs."""
+        from dflash_robot.runtime.policy import load_or_measure_costs, measure_tree_costs
 
         if self.draft is None:
             raise ConfigError("adaptive block size needs a draft")
+        top = self.draft.metadata.training_block_size
         if self._costs is None:
-            qs = list(range(1, self.draft.metadata.training_block_size + 1))
+            qs = list(range(1, top + 1))
             self._costs = load_or_measure_costs(self, qs, cost_cache, self.cost_key(), progress=progress)
-        return AdaptiveBlockSize(self._costs, self.draft.metadata.training_block_size)
+        tree_costs = None
+        if tree_budgets:
+            if any(not isinstance(n, int) or n < 1 for n in tree_budgets):
+                raise ConfigError(f"tree budgets must be integers >= 1, got {list(tree_budgets)}")
+            reason = getattr(self.target, "tree_unsupported", None)
+            if reason is not None:
+                raise UnsupportedModelError(f"adaptive tree budgets: {reason}")
+            tree_costs = load_or_measure_costs(
+                self, sorted(set(tree_budgets)), cost_cache, self.cost_key() + f"|tree q={top}", progress=progress,
+                measure=lambda rt, ns, **kw: measure_tree_costs(rt, ns, top, **kw))
+        return AdaptiveBlockSize(self._costs, top, tree_costs=tree_costs)
 
 
 def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch.dtype) -> str:

@@ -40,6 +40,8 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     verify_mode: str = "batched"  # "batched" or "sequential" (reference, token by token)
+    tree_budget: int = 0  # > 0: tree verification (DDTree) with this many drafted nodes; 0: chain
+    tree_topk: int | None = None  # per-depth candidates of the tree (None: the budget)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
@@ -50,5 +52,11 @@ class GenerationConfig:
             raise ConfigError(f"block_size must be an integer >= 1, got {self.block_size!r}")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise ConfigError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if not isinstance(self.tree_budget, int) or self.tree_budget < 0:
+            raise ConfigError(f"tree_budget must be an integer >= 0 (0 = chain), got {self.tree_budget!r}")
+        if self.tree_topk is not None and (not isinstance(self.tree_topk, int) or self.tree_topk < 1):
+            raise ConfigError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
+        if self.tree_budget and self.verify_mode != "batched":
+            raise ConfigError("tree verification runs in one batched forward; verify_mode must be 'batched'")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")

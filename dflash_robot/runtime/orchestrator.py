@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_robot.errors import ConfigError
-from dflash_robot.runtime.acceptance import Acceptance, greedy_accept, rejection_accept
-from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.errors import ConfigError, UnsupportedModelError
+from dflash_robot.runtime.config import GenerationConfig
 from dflash_robot.runtime.policy import BlockSizePolicy, FixedBlockSize
 from dflash_robot.runtime.proposer import DraftAdapter
-from dflash_robot.runtime.sampling import next_token, sample_from, sampling_probs
+from dflash_robot.runtime.sampling import next_token
+from dflash_robot.runtime.strategy import ChainStrategy, TreeStrategy
 from dflash_robot.targets.base import TargetAdapter
 
 
@@ -93,6 +93,11 @@ class RuntimeOrchestrator:
                policy: BlockSizePolicy | None = None) -> Generator[StepEvent, None, None]:
         """Yield one StepEvent per step until a stop token or max_new_tokens."""
         policy = self._policy(cfg, policy)
+        plans_trees = bool(getattr(policy, "tree_costs", None))  # an adaptive policy that may pick trees
+        # refuses a tree the target cannot verify, before any work
+        strategies = {0: self._strategy(cfg.tree_budget, cfg.tree_topk)}
+        if plans_trees:
+            strategies.update({n: self._strategy(n) for n in policy.tree_costs})  # type: ignore[attr-defined]
         tgt = self.target
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=tgt.device).flatten()
         if ids.numel() == 0:
@@ -127,30 +132,33 @@ class RuntimeOrchestrator:
         if self.drafter is not None and tap is not None:
             self.drafter.reset()
         history: list[int] = []
-        mask_id = self.drafter.metadata.mask_token_id if self.drafter is not None else 0
         while True:
             remaining = cfg.max_new_tokens - generated
             q = min(self._checked_block_size(policy, history), remaining + 1)
+            strategy = strategies[policy.next_tree_budget()] if plans_trees else strategies[0]  # type: ignore[attr-defined]
             t_start = time.perf_counter()
-            block, draft_probs = self._draft(last, features, q, mask_id, sampling, gen)
+            proposal = strategy.propose(last, features, q, sampling, gen)
             t_draft = time.perf_counter()
             snap = tgt.snapshot()
-            vout = tgt.verify(block, tap, sequential=cfg.verify_mode == "sequential")
-            acc = self._accept(block, vout.logits, draft_probs, sampling, gen)
-            # one transfer: [a, first stop index within the committed run, tokens...]
+            vout = strategy.verify(tgt, proposal, tap, cfg.verify_mode == "sequential")
+            acc = strategy.accept(proposal, vout.logits, sampling, gen)
+            # one transfer: [a, first stop index within the committed run, tokens..., (tree) path...]
             is_stop = torch.isin(acc.tokens, stops)
             first_stop = torch.where(is_stop.any(), is_stop.to(torch.int64).argmax(), q)
-            host = torch.cat([acc.num_accepted.view(1), first_stop.view(1), acc.tokens]).tolist()
-            a, stop_at, toks = host[0], host[1], host[2:]
+            path = getattr(acc, "path", None)
+            parts = [acc.num_accepted.view(1), first_stop.view(1), acc.tokens]
+            host = torch.cat(parts if path is None else parts + [path]).tolist()
+            a, stop_at, toks = host[0], host[1], host[2:2 + q]
+            path_host = None if path is None else host[2 + q:]
             produced = min(a + 1, remaining)
             reason = "length" if produced == remaining else None
             if stop_at < produced:
                 produced, reason = stop_at + 1, "stop"
-            tgt.rollback(snap, produced)
+            strategy.commit(tgt, snap, path_host, produced)
             generated += produced
             history.append(produced)
             if tap is not None:
-                new = vout.features[:produced]  # type: ignore[index]
+                new = vout.features[:produced] if path is None else vout.features[path[:produced]]  # type: ignore[index]
                 # at q == 1 the draft did not run: keep the features it has not consumed yet
                 features = new if q > 1 else torch.cat([features, new])  # type: ignore[list-item]
             last = acc.tokens[produced - 1:produced]
@@ -159,6 +167,15 @@ class RuntimeOrchestrator:
             if reason:
                 return
 
+    def _strategy(self, tree_budget: int, tree_topk: int | None = None) -> ChainStrategy:
+        if not tree_budget:
+            return ChainStrategy(self.drafter, self.target.vocab_size)
+        reason = getattr(self.target, "tree_unsupported", "this target adapter has no tree verification")
+        if reason is not None:
+            raise UnsupportedModelError(f"tree verification (tree budget {tree_budget}) on "
+                                        f"{type(self.target).__name__}: {reason}")
+        return TreeStrategy(self.drafter, self.target.vocab_size, tree_budget, tree_topk)
+
     @staticmethod
     def _checked_block_size(policy: BlockSizePolicy, history: list[int]) -> int:
         q = policy.next_block_size(history)
@@ -166,41 +183,6 @@ class RuntimeOrchestrator:
             raise ConfigError(f"block-size policy {type(policy).__name__} returned {q!r}, outside "
                               f"1..{policy.max_block_size}")
         return q
-
-    def _draft(self, last: torch.Tensor, features: torch.Tensor | None, q: int, mask_id: int,
-               sampling: SamplingConfig, gen: torch.Generator
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> block [q] = [last, d_1..d_{q-1}], and draft probs [q-1, V] when sampling."""
-        if q == 1:
-            return last, None
-        assert self.drafter is not None and features is not None
-        block = torch.full((q,), mask_id, dtype=torch.long, device=last.device)
-        block[:1] = last
-        logits = self.drafter.propose(features, block)  # [q-1, V], or [q-1, N] over vocab_ids
-        ids = self.drafter.vocab_ids  # [N] or None; logits live on the draft's side
-        if sampling.greedy:
-            drafted = logits.argmax(dim=-1)
-            block[1:] = drafted if ids is None else ids[drafted]  # q - 1 ids back to the target's side
-            return block, None
-        probs = sampling_probs(logits.to(block.device, torch.float32), sampling)
-        drafted = sample_from(probs, gen)
-        if ids is None:
-            block[1:] = drafted
-            return block, probs
-        ids = ids.to(block.device)
-        block[1:] = ids[drafted]  # the draft's distribution on the full vocabulary: zero off vocab_ids
-        full = probs.new_zeros(probs.shape[0], self.target.vocab_size)
-        return block, full.index_copy_(1, ids, probs)
-
-    @staticmethod
-    def _accept(block: torch.Tensor, logits: torch.Tensor, draft_probs: torch.Tensor | None,
-                sampling: SamplingConfig, gen: torch.Generator) -> Acceptance:
-        if sampling.greedy:
-            return greedy_accept(block[1:], logits)
-        target_probs = sampling_probs(logits, sampling)  # [q, V]
-        if draft_probs is None:
-            draft_probs = target_probs.new_zeros(0, target_probs.shape[-1])
-        return rejection_accept(block[1:], draft_probs, target_probs, gen)
 
     def generate(self, prompt_ids: Sequence[int] | torch.Tensor, cfg: GenerationConfig,
                  policy: BlockSizePolicy | None = None) -> GenerationResult:

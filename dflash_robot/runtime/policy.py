@@ -8,7 +8,10 @@ policy never exceeds its `max_block_size`.
 - `AdaptiveBlockSize(costs)`: picks the q that maximises expected tokens per second,
   `E[tokens | q] / cost(q)`, from a cost curve (seconds per iteration at block size q,
   measured for this target, draft and machine: `measure_costs`) and the acceptance seen
-  so far (a survival estimate that handles the censoring a block size imposes).
+  so far (a survival estimate that handles the censoring a block size imposes). Given
+  `tree_costs` (`measure_tree_costs`), it also weighs tree verification (DDTree) at the
+  largest block size for each budget, from the tokens those steps committed; the
+  orchestrator reads the chosen budget from `next_tree_budget()`.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class AdaptiveBlockSize:
 
     def __init__(self, costs: Mapping[int, float], max_block_size: int | None = None,
                  decay: float = 0.9, prior_accept: float = 0.6, prior_weight: float = 2.0,
-                 monotone: bool = True):
+                 monotone: bool = True, tree_costs: Mapping[int, float] | None = None,
+                 tree_prior_gain: float = 1.25):
         if not costs:
             raise ConfigError("the adaptive policy needs a cost curve with at least one block size")
         qs = sorted(int(q) for q in costs)
@@ -82,8 +86,16 @@ class AdaptiveBlockSize:
         n = self.max_block_size
         self._fail = [0.0] * (n + 1)  # decayed failures at draft position k (1-based)
         self._risk = [0.0] * (n + 1)  # decayed steps that reached position k
-        self._chosen: list[int] = []
+        self._chosen: list[tuple[int, int]] = []  # (block size, tree budget) of each step
         self._seen = 0
+        # tree arms (DDTree at the largest block size): budget -> seconds per iteration, and the
+        # decayed (sum of committed tokens, steps) of the steps each arm ran
+        self.tree_costs = {int(n): float(c) for n, c in (tree_costs or {}).items()}
+        if any(n < 1 or not (c > 0 and math.isfinite(c)) for n, c in self.tree_costs.items()):
+            raise ConfigError(f"tree cost curve must map budgets >= 1 to positive seconds, got {tree_costs}")
+        self.tree_prior_gain = tree_prior_gain
+        self._tree_stats = {n: [0.0, 0.0] for n in self.tree_costs}
+        self._budget = 0
 
     # -- acceptance statistics
 
@@ -117,13 +129,37 @@ class AdaptiveBlockSize:
         return sum(self.survival()[:q])
 
     def best_block_size(self) -> int:
+        return self.best_plan()[0]
+
+    def tree_expected_tokens(self, budget: int) -> float:
+        """Tokens per step of a tree arm: its decayed mean, shrunk (prior_weight pseudo-steps)
+        toward `tree_prior_gain` x the chain's expectation at the same depth, so an arm not yet
+        tried is tried when the chain's own acceptance says a tree could pay."""
+        total, steps = self._tree_stats[budget]
+        prior = self.tree_prior_gain * self.expected_tokens(self.max_block_size)
+        return (total + self.prior_weight * prior) / (steps + self.prior_weight)
+
+    def best_plan(self) -> tuple[int, int]:
+        """(block size, tree budget; 0 = chain) maximising expected tokens per second."""
         surv = self.survival()
-        best, best_rate = 1, -1.0
+        best, best_rate = (1, 0), -1.0
         for q, c in self.costs.items():
             rate = sum(surv[:q]) / c
             if rate > best_rate * (1 + 1e-9):
-                best, best_rate = q, rate
+                best, best_rate = (q, 0), rate
+        for n, c in self.tree_costs.items():
+            rate = self.tree_expected_tokens(n) / c
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = (self.max_block_size, n), rate
         return best
+
+    def observe_tree(self, budget: int, committed: int) -> None:
+        d = self.decay
+        for stats in self._tree_stats.values():
+            stats[0] *= d
+            stats[1] *= d
+        self._tree_stats[budget][0] += committed
+        self._tree_stats[budget][1] += 1
 
     # -- the policy interface
 
@@ -132,11 +168,19 @@ class AdaptiveBlockSize:
             self._chosen, self._seen = [], 0
         for n in history[self._seen:]:
             if self._seen < len(self._chosen):
-                self.observe(self._chosen[self._seen], n)
+                q, budget = self._chosen[self._seen]
+                if budget:
+                    self.observe_tree(budget, n)
+                else:
+                    self.observe(q, n)
             self._seen += 1
-        q = self.best_block_size()
-        self._chosen.append(q)
+        q, self._budget = self.best_plan()
+        self._chosen.append((q, self._budget))
         return q
+
+    def next_tree_budget(self) -> int:
+        """The tree budget of the step `next_block_size` just planned (0 = chain)."""
+        return self._budget
 
 
 # --- cost curves -------------------------------------------------------------------------
@@ -199,6 +243,49 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     return {q: sorted(ts)[len(ts) // 2] for q, ts in times.items()}
 
 
+def measure_tree_costs(runtime: Any, budgets: Sequence[int], block_size: int, context: int = 256,
+                       budget_s: float = 10.0, min_reps: int = 3, max_reps: int = 15,
+                       progress: Callable[[int, int], None] | None = None) -> dict[int, float]:
+    """Median seconds of one tree iteration (draft at `block_size`, `build_tree`, one tree verify,
+    acceptance, compaction) per node budget, measured like `measure_costs`."""
+    import torch
+
+    from dflash_robot.runtime.config import SamplingConfig
+    from dflash_robot.runtime.strategy import TreeStrategy
+
+    orch = runtime.orchestrator
+    tgt, drafter = orch.target, orch.drafter
+    if drafter is None:
+        raise ConfigError("measuring tree costs needs a draft")
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, tgt.vocab_size, (context,), generator=g).to(tgt.device)
+    tap = drafter.metadata.target_layer_ids
+    feats = tgt.prefill(prompt, tap, orch.prefill_chunk_size).features
+    drafter.reset()
+    strategies = {n: TreeStrategy(drafter, tgt.vocab_size, n) for n in budgets}
+    greedy = SamplingConfig()
+    last = prompt[-1:]
+    times: dict[int, list[float]] = {n: [] for n in budgets}
+    start = time.perf_counter()
+    for rnd in range(max_reps + 1):
+        for n, strat in strategies.items():
+            t0 = time.perf_counter()
+            prop = strat.propose(last, feats, block_size, greedy, g)
+            snap = tgt.snapshot()
+            v = strat.verify(tgt, prop, tap, False)
+            acc = strat.accept(prop, v.logits, greedy, g)
+            torch.cat([acc.num_accepted.view(1), acc.tokens, acc.path]).tolist()  # type: ignore[attr-defined]
+            strat.commit(tgt, snap, [0], 1)  # the iteration's one sync above; keep the root, like measure_costs
+            feats = v.features[:1] if v.features is not None else None
+            if rnd > 0:
+                times[n].append(time.perf_counter() - t0)
+        if progress is not None and rnd > 0:
+            progress(rnd, max_reps)
+        if rnd >= min_reps and time.perf_counter() - start > budget_s:
+            break
+    return {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
+
+
 def implausible(costs: Mapping[int, float], tolerance: float = 0.15) -> list[int]:
     """Block sizes whose cost is more than `tolerance` below a smaller block size's: a
     verify of more tokens cannot be that much cheaper, so such a curve was measured under load."""
@@ -210,11 +297,13 @@ COST_TTL_S = 7 * 24 * 3600
 
 
 def load_or_measure_costs(runtime: Any, block_sizes: Sequence[int], cache_file: str | Path | None,
-                          key: str, ttl_s: float = COST_TTL_S, **kw: Any) -> dict[int, float]:
+                          key: str, ttl_s: float = COST_TTL_S, measure: Callable[..., dict[int, float]] | None = None,
+                          **kw: Any) -> dict[int, float]:
     """`measure_costs`, cached in a JSON file under `key` (package version, engine, precision,
     machine, threads, target, draft), for `ttl_s` seconds. A curve that `implausible` flags
     is measured once more and the cheaper reading of each q kept; the policy then fits the
-    non-decreasing curve (`isotonic`) to whatever remains."""
+    non-decreasing curve (`isotonic`) to whatever remains. `measure` (default `measure_costs`)
+    takes (runtime, keys, **kw); tree budgets use `measure_tree_costs` under their own key."""
     path = Path(cache_file) if cache_file else None
     table: dict[str, Any] = {}
     if path is not None and path.exists():
@@ -227,9 +316,10 @@ def load_or_measure_costs(runtime: Any, block_sizes: Sequence[int], cache_file: 
     fresh = isinstance(entry, dict) and time.time() - float(entry.get("measured_at", 0)) < ttl_s
     if fresh and all(str(q) in cached for q in block_sizes):
         return {q: float(cached[str(q)]) for q in block_sizes}
-    costs = measure_costs(runtime, block_sizes, **kw)
+    measure = measure or measure_costs
+    costs = measure(runtime, block_sizes, **kw)
     if implausible(costs):
-        again = measure_costs(runtime, block_sizes, **kw)
+        again = measure(runtime, block_sizes, **kw)
         costs = {q: min(costs[q], again[q]) for q in block_sizes}
     if path is not None:
         table[key] = {"measured_at": time.time(), "costs": {str(q): c for q, c in costs.items()}}

@@ -57,6 +57,14 @@ class TargetAdapter(Protocol):
 
     def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None: ...
 
+    # tree verification (runtime/tree.py); `tree_unsupported` is None, or why not
+    tree_unsupported: str | None
+
+    def verify_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+                    tap_layer_ids: tuple[int, ...] | None) -> TargetOutput: ...
+
+    def compact(self, snapshot: CacheSnapshot, kept_nodes: list[int]) -> None: ...
+
     def crop(self, length: int) -> None: ...
 
     def input_embedding_weight(self) -> torch.Tensor: ...  # [V, H], raw (unscaled)
@@ -69,11 +77,24 @@ class ChunkedForwardAdapter:
     logits_to_keep)` -> TargetOutput, which appends `ids` to the cache. `_trim()` runs after
     every prefill chunk (a no-op unless the cache needs it)."""
 
+    tree_unsupported: str | None = None
+
+    @property
+    def seq_len(self) -> int:
+        raise NotImplementedError
+
     def reset(self) -> None:
         raise NotImplementedError
 
+    def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None:
+        raise NotImplementedError
+
     def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-                 logits_to_keep: int = 0) -> TargetOutput:
+                 logits_to_keep: int = 0, positions: torch.Tensor | None = None,
+                 tree_mask: torch.Tensor | None = None) -> TargetOutput:
+        """`positions` [T] (default: the next T) are the tokens' position ids; `tree_mask`
+        [T, T] bool, when given, replaces causal attention among the T new tokens (each
+        still sees the whole committed cache)."""
         raise NotImplementedError
 
     def _trim(self) -> None:
@@ -107,3 +128,29 @@ class ChunkedForwardAdapter:
         outs = [self._forward(block_ids[i:i + 1], tap_layer_ids) for i in range(block_ids.shape[0])]
         feats = None if tap_layer_ids is None else torch.cat([o.features for o in outs])  # type: ignore[misc]
         return TargetOutput(torch.cat([o.logits for o in outs]), feats)
+
+    @torch.inference_mode()
+    def verify_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+                    tap_layer_ids: tuple[int, ...] | None) -> TargetOutput:
+        """Verify a draft tree in one forward: tokens [M] (node 0 = the last committed token),
+        depths [M], ancestors [M, M] (node j attends to node i iff ancestors[j, i]).
+        -> logits [M, V], features [M, n*H]. The M nodes occupy the next M cache slots, node
+        order, until `compact` keeps the accepted path."""
+        if self.tree_unsupported is not None:
+            from dflash_robot.errors import UnsupportedModelError
+
+            raise UnsupportedModelError(f"tree verification: {self.tree_unsupported}")
+        return self._forward(tokens, tap_layer_ids, positions=depths + self.seq_len, tree_mask=ancestors)
+
+    @torch.inference_mode()
+    def compact(self, snapshot: CacheSnapshot, kept_nodes: list[int]) -> None:
+        """After `verify_tree`: keep the cache entries of `kept_nodes` (node indices, root first,
+        increasing) as the committed continuation of `snapshot`; drop the other nodes."""
+        n = len(kept_nodes)
+        if kept_nodes != list(range(n)):
+            self._move_slots(snapshot.seq_len, kept_nodes)
+        self.rollback(snapshot, n)
+
+    def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
+        """Cache slots base + kept_nodes[i] -> base + i (each cache implements it)."""
+        raise NotImplementedError

@@ -51,20 +51,61 @@ class HFTargetAdapter(ChunkedForwardAdapter):
         self._len = 0
 
     def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-                 logits_to_keep: int = 0) -> TargetOutput:
+                 logits_to_keep: int = 0, positions: torch.Tensor | None = None,
+                 tree_mask: torch.Tensor | None = None) -> TargetOutput:
         """ids [T] -> logits [T or logits_to_keep, V], features [T, n*H]."""
         assert self._cache is not None, "call reset() before running the target"
         t = ids.shape[0]
-        positions = torch.arange(self._len, self._len + t, device=self.device)[None]
+        if positions is None:
+            positions = torch.arange(self._len, self._len + t, device=self.device)
+        mask = None if tree_mask is None else self._tree_attention_mask(positions, tree_mask)
         hs_idx = [i + 1 for i in tap_layer_ids] if tap_layer_ids else False
-        out = self.model(input_ids=ids[None], position_ids=positions, cache=self._cache,
-                         use_cache=True, output_hidden_states=hs_idx, logits_to_keep=logits_to_keep)
+        out = self.model(input_ids=ids[None], position_ids=positions[None], cache=self._cache,
+                         attention_mask=mask, use_cache=True, output_hidden_states=hs_idx,
+                         logits_to_keep=logits_to_keep)
         self._len += t
         feats = None
         if tap_layer_ids:
             hs = out.hidden_states
             feats = torch.cat([hs[i + 1][0] for i in tap_layer_ids], dim=-1)
         return TargetOutput(logits=out.logits[0], features=feats)
+
+    def _tree_attention_mask(self, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor | dict:
+        """The 4D mask(s) transformers takes as given: each tree node sees the committed keys
+        its layer holds (all of them, or the sliding window's) and its own ancestors.
+        Boolean (True = attend) for SDPA/flex kernels, additive for eager attention."""
+        s, t = self._len, positions.shape[0]
+        types = list(getattr(self.config, "layer_types", None) or ["full_attention"])
+        masks: dict[str, torch.Tensor] = {}
+        for kind in dict.fromkeys(types):
+            if kind == "full_attention":
+                m = torch.cat([torch.ones(t, s, dtype=torch.bool, device=self.device), tree_mask], dim=1)
+            elif kind == "sliding_attention":
+                w = int(self.config.sliding_window)
+                held = min(s, w - 1)  # what a sliding layer (past recording on) returns before the new keys
+                key_pos = torch.cat([torch.arange(s - held, s, device=self.device), positions])
+                m = torch.cat([torch.ones(t, held, dtype=torch.bool, device=self.device), tree_mask], dim=1)
+                m &= key_pos[None, :] > positions[:, None] - w
+            else:
+                raise UnsupportedModelError(f"tree verification: layer type {kind!r}")
+            if self.config._attn_implementation == "eager":
+                dtype = self.dtype
+                m = torch.zeros(m.shape, dtype=dtype, device=self.device).masked_fill(~m, torch.finfo(dtype).min)
+            masks[kind] = m[None, None]
+        # a model with sliding layers takes one mask per layer type (Gemma 3's mapping)
+        return masks["full_attention"] if list(masks) == ["full_attention"] else masks
+
+    def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
+        """The tree's nodes are the last (length - base) entries of every layer (sliding
+        layers keep them too, past recording being on, until the crop)."""
+        m = self._len - base
+        keep = torch.tensor(kept_nodes, device=self.device)
+        n = len(kept_nodes)
+        for layer in self._cache.layers:  # type: ignore[union-attr]
+            for name in ("keys", "values"):
+                x = getattr(layer, name)
+                first = x.shape[-2] - m
+                x[:, :, first:first + n] = x[:, :, first + keep]
 
     def _trim(self) -> None:
         """After a prefill chunk: sliding layers drop what left the window."""

@@ -211,17 +211,32 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
 
+    def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
+        src = torch.tensor(kept_nodes, device=self.device) + base
+        n = len(kept_nodes)
+        for buf in self._k + self._v:
+            buf[:, base:base + n] = buf[:, src]  # advanced indexing copies first: no overlap hazard
+
     def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
-                 logits_to_keep: int = 0) -> TargetOutput:
-        """ids [T] -> logits [T or logits_to_keep, V], features [T, n*H]; appends T to the cache."""
+                 logits_to_keep: int = 0, positions: torch.Tensor | None = None,
+                 tree_mask: torch.Tensor | None = None) -> TargetOutput:
+        """ids [T] -> logits [T or logits_to_keep, V], features [T, n*H]; appends T to the cache
+        (slots start..start+T-1; RoPE at `positions`, default the same numbers)."""
         t, start = ids.shape[0], self._len
         end = start + t
         self._ensure_capacity(end)
         nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
         g = nh // nkv
-        cos = self._cos[start:end][:, None, :]  # [T, 1, D]
-        sin = self._sin[start:end][:, None, :]
-        if t == 1:
+        if positions is None:
+            cos = self._cos[start:end][:, None, :]  # [T, 1, D]
+            sin = self._sin[start:end][:, None, :]
+        else:
+            cos = self._cos[positions][:, None, :]
+            sin = self._sin[positions][:, None, :]
+        if tree_mask is not None:  # every node sees the committed cache and its own ancestors
+            seen = torch.ones(t, start, dtype=torch.bool, device=self.device)
+            mask = torch.cat([seen, tree_mask], dim=1).repeat(g, 1)  # [g*T, end]
+        elif t == 1:
             mask = None
         else:  # query row (group, i) sees keys 0 .. start + i
             key_pos = torch.arange(end, device=self.device)

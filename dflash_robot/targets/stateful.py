@@ -154,6 +154,10 @@ class StatefulTargetAdapter(HFTargetAdapter):
     """A transformers causal LM whose cache mixes attention layers and linear-attention/SSM
     layers (or only the latter). See the module docstring for the two rollback strategies."""
 
+    tree_unsupported: str | None = ("a hybrid linear-attention/SSM target carries one recurrent state per "
+                        "layer, and a tree's nodes would each need their own along their parent chain "
+                        "(not implemented); use chain mode (tree budget 0)")
+
     def __init__(self, model: PreTrainedModel, rollback: str | None = None):
         """`rollback` None takes DEFAULT_ROLLBACK where this model supports it, else replay."""
         requested, rollback = rollback, rollback or DEFAULT_ROLLBACK

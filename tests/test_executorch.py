@@ -1,0 +1,98 @@
+"""ExecuTorch export (`dflash-robot export executorch`): the two programs run through ExecuTorch's
+Python runtime with the same orchestrator, and decode exactly what the eager engine decodes."""
+
+import json
+
+import pytest
+from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
+
+pytest.importorskip("executorch.runtime", reason="the executorch extra is part of the test install")
+
+from dflash_robot.cli import main  # noqa: E402
+from dflash_robot.errors import ConfigError  # noqa: E402
+from dflash_robot.export.executorch import export_executorch  # noqa: E402
+from dflash_robot.runtime.api import DFlashRuntime  # noqa: E402
+from dflash_robot.runtime.config import GenerationConfig  # noqa: E402
+
+N = 40
+BLOCK = 8
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def exported(request, tmp_path_factory):
+    family = request.param
+    out = tmp_path_factory.mktemp(f"et-{family}")
+    export_executorch(taught_target(family), trained_draft(family), out, block_size=BLOCK, max_context=160)
+    return family, out
+
+
+@pytest.mark.parametrize("block_size", [1, 4, BLOCK])
+def test_executorch_greedy_equals_plain_greedy(exported, block_size):
+    family, out = exported
+    rt = DFlashRuntime.load_executorch(out)
+    for seed in (0, 1):
+        prompt = random_prompt(20, seed)  # 20 > BLOCK: a chunked, padded prefill
+        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=block_size))
+        assert res.token_ids == plain_greedy_cached(family, tuple(prompt), N)
+        if block_size > 1:
+            assert max(res.acceptance_lengths) >= 2
+
+
+def test_executorch_matches_the_eager_engine_step_for_step(exported):
+    """Same draft, same target: the exported pair accepts what the eager pair accepts."""
+    family, out = exported
+    et = DFlashRuntime.load_executorch(out)
+    eager = DFlashRuntime.from_models(taught_target(family), trained_draft(family), engine="lean")
+    prompt = random_prompt(20, 2)
+    cfg = GenerationConfig(max_new_tokens=N, block_size=BLOCK)
+    a, b = et.orchestrator.generate(prompt, cfg), eager.orchestrator.generate(prompt, cfg)
+    assert a.token_ids == b.token_ids
+    assert a.acceptance_lengths == b.acceptance_lengths
+
+
+def test_executorch_manifest_and_limits(exported):
+    family, out = exported
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["block_size"] == BLOCK and m["max_context"] == 160
+    assert m["pte_bytes"]["target"] == (out / "target.pte").stat().st_size > 0
+    rt = DFlashRuntime.load_executorch(out)
+    with pytest.raises(ConfigError, match="too long"):  # 160 - BLOCK + 1 positions usable
+        rt.orchestrator.generate(random_prompt(100, 0), GenerationConfig(max_new_tokens=60, block_size=BLOCK))
+    with pytest.raises(ConfigError, match="out of range"):
+        rt.orchestrator.generate([1, 2], GenerationConfig(max_new_tokens=4, block_size=BLOCK + 1))
+    from dflash_robot.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="tree"):
+        rt.orchestrator.generate([1, 2], GenerationConfig(max_new_tokens=4, block_size=4, tree_budget=4))
+
+
+def test_cli_refuses_bad_executorch_use(tmp_path, capsys):
+    assert main(["generate", "hi", "--engine", "executorch", "--target", str(tmp_path)]) == 2
+    assert "not an ExecuTorch export" in capsys.readouterr().err
+    assert main(["generate", "hi", "--engine", "executorch"]) == 2
+    assert "needs --target" in capsys.readouterr().err
+    (tmp_path / "manifest.json").write_text("{")
+    assert main(["generate", "hi", "--engine", "executorch", "--target", str(tmp_path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_cli_export_and_generate_on_a_tiny_model(tmp_path, capsys):
+    """The CLI path: a saved tiny target and draft -> export -> generate --engine executorch."""
+    from tiny import char_tokenizer
+
+    from dflash_robot.drafts.checkpoint import save_draft
+
+    model = taught_target("llama")
+    tdir, ddir, out = tmp_path / "target", tmp_path / "draft", tmp_path / "et"
+    model.save_pretrained(tdir)
+    char_tokenizer().save_pretrained(tdir)
+    save_draft(trained_draft("llama"), ddir)
+    assert main(["export", "executorch", "--target", str(tdir), "--draft", str(ddir), "--out", str(out),
+                 "--block-size", "4", "--max-context", "96"]) == 0
+    capsys.readouterr()
+    ids = random_prompt(10, 4)
+    assert main(["generate", "--engine", "executorch", "--target", str(out), "--input-ids",
+                 ",".join(map(str, ids)), "--max-new-tokens", "20", "--block-size", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["token_ids"] == plain_greedy_cached("llama", tuple(ids), 20)[:len(got["token_ids"])]
+    assert len(got["token_ids"]) == 20 or got["finish_reason"] == "stop"  # the tiny tokenizer's EOS may stop it
