@@ -68,8 +68,27 @@ def test_bench_smoke_writes_json_markdown_png(tiny_dirs, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_tree_runs_side_by_side(tiny_dirs, capsys):
+    out = tiny_dirs / "out-tree"
+    rc = main(["bench", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+               "--datasets", "gsm8k", "--limit", "2", "--block-sizes", "4", "--max-new-tokens", "16",
+               "--tree-budgets", "3,12", "--cost-cache", str(tiny_dirs / "costs-tree.json"), "--out", str(out),
+               "--no-progress", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads((out / "bench.json").read_text())
+    d = report["datasets"]["gsm8k"]
+    assert set(d["dflash"]) == {"q=4", "tree=3,q=4", "tree=12,q=13", "adaptive", "adaptive+tree"}
+    for s in d["dflash"].values():
+        assert s["lossless_mismatches"] == 0 and s["mean_acceptance_length"] >= 1
+    assert d["best_tree"] in ("tree=3,q=4", "tree=12,q=13")
+    assert set(report["tree_costs_s"]) == {"3", "12"}
+    assert "| DFlash tree=12,q=13 |" in (out / "bench.md").read_text()
+
+
 @pytest.mark.parametrize("extra,match", [
     (["--datasets", "nope"], "unknown dataset"),
+    (["--tree-budgets", "0"], "--tree-budgets must be"),
+    (["--tree-block-size", "4"], "needs --tree-budgets"),
     (["--block-sizes", "2,32"], "this draft supports 1..16"),
     (["--llama-cpp", "/nonexistent.gguf"], "does not exist"),
 ])

@@ -106,3 +106,34 @@ def test_tree_is_lossless_on_the_real_model(rt_gguf, budget, block):
                                                                stop_token_ids=(eos,), tree_budget=budget))
     assert tree.token_ids == ar.token_ids
     assert tree.mean_acceptance_length >= chain.mean_acceptance_length
+
+
+def test_gguf_int4_cache_skips_parsing_and_survives_damage(tmp_path, monkeypatch):
+    """A second start reads the int4 blocks from the cache without parsing the GGUF (the parse took
+    seconds), gets the same weights, and a damaged cache is rebuilt rather than trusted."""
+    import gguf
+
+    from dflash_robot.targets import gguf_weights
+    from dflash_robot.targets.loading import default_target_path
+
+    monkeypatch.setenv("DFLASH_ROBOT_CACHE", str(tmp_path))
+    path = default_target_path()
+    first = gguf_weights.GGUFLayerWeights(path, 9, 3)
+    cache = gguf_weights.int4_cache_path(path)
+    assert cache.is_file()
+
+    def no_parse(*a, **k):
+        raise AssertionError("the GGUF was parsed despite the cache")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_parse)
+    second = gguf_weights.GGUFLayerWeights(path, 9, 3)
+    assert gguf_weights.gguf_tensor_types(path) == first.types
+    for name in ("blk.0.attn_q.weight", "blk.29.ffn_down.weight"):
+        a, b = first._int4[name], second._int4[name]
+        assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale) and torch.equal(a.zero, b.zero)
+    monkeypatch.undo()
+    monkeypatch.setenv("DFLASH_ROBOT_CACHE", str(tmp_path))
+    cache.write_bytes(b"\x00" * 64)  # damaged
+    third = gguf_weights.GGUFLayerWeights(path, 9, 3)
+    assert torch.equal(third._int4["blk.0.attn_q.weight"].q, first._int4["blk.0.attn_q.weight"].q)
+    assert cache.stat().st_size > 1000  # rebuilt

@@ -96,3 +96,14 @@ def test_cli_export_and_generate_on_a_tiny_model(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["token_ids"] == plain_greedy_cached("llama", tuple(ids), 20)[:len(got["token_ids"])]
     assert len(got["token_ids"]) == 20 or got["finish_reason"] == "stop"  # the tiny tokenizer's EOS may stop it
+
+
+def test_adaptive_measures_within_the_exported_context(exported):
+    """The cost measurement fits a small export's fixed context (it used to overrun it)."""
+    family, out = exported
+    rt = DFlashRuntime.load_executorch(out)
+    pol = rt.adaptive_policy(cost_cache=None)
+    assert set(pol.costs) == set(range(1, BLOCK + 1))
+    prompt = random_prompt(20, 5)
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N), policy=pol)
+    assert res.token_ids == plain_greedy_cached(family, tuple(prompt), N)

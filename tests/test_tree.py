@@ -347,3 +347,67 @@ def test_measure_tree_costs_runs_and_keeps_the_cache_consistent():
     prompt = random_prompt(20, 1)  # the runtime decodes correctly afterwards
     res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=8, tree_budget=12))
     assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), N)
+
+
+# --- review fixes: sliding windows without layer_types, eager attention, settings ----------------
+
+def test_tree_on_a_model_that_slides_every_layer_without_layer_types():
+    """Mistral-style: a sliding window in the config and no `layer_types`; the cache slides every
+    layer, so the tree mask must be the sliding one (prompt longer than the window)."""
+    from tiny import _COMMON, MASK
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from dflash_robot.drafts.model import build_draft
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=8)).eval()
+    torch.manual_seed(1)
+    rt = DFlashRuntime.from_models(model, build_draft(model.config, 1, 8, mask_token_id=MASK))
+    from tiny import plain_greedy
+
+    prompt = random_prompt(20, 4)
+    ref = plain_greedy(model, prompt, 24)
+    for budget in (4, 12):
+        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=24, block_size=8, tree_budget=budget))
+        assert res.token_ids == ref
+
+
+def test_tree_with_eager_attention_uses_an_additive_mask():
+    model = taught_target("llama")
+    before = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        rt = DFlashRuntime.from_models(model, trained_draft("llama"), engine="hf")
+        prompt = random_prompt(20, 6)
+        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N, block_size=8, tree_budget=16))
+        assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), N)
+    finally:
+        model.config._attn_implementation = before
+
+
+def test_flash_style_attention_refuses_trees():
+    model = taught_target("llama")
+    before = model.config._attn_implementation
+    model.config._attn_implementation = "flex_attention"
+    try:
+        rt = DFlashRuntime.from_models(model, trained_draft("llama"), engine="hf")
+        with pytest.raises(UnsupportedModelError, match="attention implementation"):
+            rt.orchestrator.generate([1, 2, 3], GenerationConfig(max_new_tokens=4, block_size=4, tree_budget=4))
+    finally:
+        model.config._attn_implementation = before
+
+
+def test_adaptive_tree_policy_refuses_a_fixed_tree_budget():
+    from dflash_robot.runtime.policy import AdaptiveBlockSize
+
+    rt = runtime("llama", "lean")
+    pol = AdaptiveBlockSize({q: 1.0 for q in range(1, 17)}, 16, tree_costs={8: 1.0})
+    with pytest.raises(ConfigError, match="chooses the tree budget"):
+        rt.orchestrator.generate([1, 2], GenerationConfig(max_new_tokens=4, tree_budget=8), policy=pol)
+
+
+def test_tree_prior_never_exceeds_what_a_step_can_commit():
+    from dflash_robot.runtime.policy import AdaptiveBlockSize
+
+    pol = AdaptiveBlockSize({q: 1.0 for q in range(1, 17)}, 16, tree_costs={2: 1.0}, prior_accept=0.95)
+    assert pol.tree_expected_tokens(2) <= 3.0

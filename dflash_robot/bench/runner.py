@@ -192,7 +192,7 @@ class BenchConfig:
     threads: int | None = None
     progress: bool = True
     tree_budgets: Sequence[int] = ()  # tree verification (DDTree) runs, one per budget ...
-    tree_block_sizes: Sequence[int] = ()  # ... at each of these block sizes (default: the largest chain one)
+    tree_block_size: int | None = None  # ... at this block size (default: min(max, budget + 1))
 
 
 def _policies(cfg: BenchConfig, costs: dict[int, float] | None, max_block: int,
@@ -203,13 +203,14 @@ def _policies(cfg: BenchConfig, costs: dict[int, float] | None, max_block: int,
         if not 2 <= q <= max_block:
             raise ConfigError(f"block size {q} outside 2..{max_block} (the draft's training block size)")
         out[f"q={q}"] = (lambda q=q: FixedBlockSize(q), 0)  # type: ignore[misc]
-    for q in cfg.tree_block_sizes or ([max(cfg.block_sizes)] if cfg.tree_budgets else []):
-        if not 2 <= q <= max_block:
-            raise ConfigError(f"tree block size {q} outside 2..{max_block} (the draft's training block size)")
-        for n in cfg.tree_budgets:
-            if n < 1:
-                raise ConfigError(f"tree budget {n} must be >= 1")
-            out[f"tree={n},q={q}"] = (lambda q=q: FixedBlockSize(q), n)  # type: ignore[misc]
+    if cfg.tree_block_size is not None and not 2 <= cfg.tree_block_size <= max_block:
+        raise ConfigError(f"tree block size {cfg.tree_block_size} outside 2..{max_block} "
+                          "(the draft's training block size)")
+    for n in cfg.tree_budgets:
+        if n < 1:
+            raise ConfigError(f"tree budget {n} must be >= 1")
+        q = cfg.tree_block_size or min(max_block, n + 1)  # deep enough for the budget as one chain
+        out[f"tree={n},q={q}"] = (lambda q=q: FixedBlockSize(q), n)  # type: ignore[misc]
     if cfg.adaptive:
         assert costs is not None
         shared = AdaptiveBlockSize(costs, max_block)  # learns across the dataset's prompts
@@ -373,7 +374,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append("Iteration cost curve used by `adaptive` (s): "
                      + ", ".join(f"q={q}: {c:.4f}" for q, c in report["costs_s"].items()))
     if report.get("tree_costs_s"):
-        lines.append("Tree iteration costs used by `adaptive+tree` (s, at the largest block size): "
+        lines.append("Tree iteration costs used by `adaptive+tree` (s; budget n at block size min(max, n + 1)): "
                      + ", ".join(f"budget {n}: {c:.4f}" for n, c in report["tree_costs_s"].items()))
     return "\n".join(lines) + "\n"
 

@@ -38,8 +38,9 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--block-sizes", type=int_list, default=[2, 4, 8, 16], help="fixed block sizes to sweep")
     b.add_argument("--tree-budgets", type=int_list, default=[],
                    help="also run tree verification (DDTree) with these node budgets, e.g. 8,16,32")
-    b.add_argument("--tree-block-sizes", type=int_list, default=[],
-                   help="block sizes (tree depth + 1) for the tree runs (default: the largest of --block-sizes)")
+    b.add_argument("--tree-block-size", type=int_at_least(2), default=None,
+                   help="block size (tree depth + 1) of the tree runs (default: budget + 1, at most the draft's "
+                        "training block size: deep enough for the budget as one chain)")
     b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive block-size policy")
     b.add_argument("--max-new-tokens", type=int_at_least(1), default=128, help="tokens to generate per prompt")
     b.add_argument("--seed", type=int, default=0, help="subset selection seed")
@@ -66,10 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--block-sizes must be integers >= 1, got {args.block_sizes}")
     if any(n < 1 for n in args.tree_budgets):
         raise ConfigError(f"--tree-budgets must be integers >= 1, got {args.tree_budgets}")
-    if args.tree_block_sizes and not args.tree_budgets:
-        raise ConfigError("--tree-block-sizes needs --tree-budgets")
-    if any(q < 2 for q in args.tree_block_sizes):
-        raise ConfigError(f"--tree-block-sizes must be integers >= 2, got {args.tree_block_sizes}")
+    if args.tree_block_size is not None and not args.tree_budgets:
+        raise ConfigError("--tree-block-size needs --tree-budgets")
     check_paths(args)
     from dflash_robot.drafts.checkpoint import ensure_writable_dir
     from dflash_robot.targets.loading import default_target_path
@@ -105,20 +104,23 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
                             precision=args.precision or DEFAULT_PRECISION, draft_device=args.draft_device,
                             draft_dtype=args.draft_dtype)
     assert rt.draft is not None
+    reason = getattr(rt.target, "tree_unsupported", None)
+    if args.tree_budgets and reason is not None:
+        raise ConfigError(f"--tree-budgets: {reason}")
     top = rt.draft.metadata.training_block_size
-    if any(q > top for q in args.block_sizes + args.tree_block_sizes):
-        raise ConfigError(f"--block-sizes {args.block_sizes} / --tree-block-sizes {args.tree_block_sizes}: "
+    if any(q > top for q in args.block_sizes + [args.tree_block_size or 0]):
+        raise ConfigError(f"--block-sizes {args.block_sizes} / --tree-block-size {args.tree_block_size}: "
                           f"this draft supports 1..{top}")
     cfg = BenchConfig(datasets=datasets, limit=args.limit, block_sizes=args.block_sizes,
                       adaptive=not args.no_adaptive, max_new_tokens=args.max_new_tokens, seed=args.seed,
                       hf_generate=args.hf_generate, llama_cpp_gguf=str(gguf) if gguf else None,
                       threads=args.threads, progress=not args.no_progress, tree_budgets=args.tree_budgets,
-                      tree_block_sizes=args.tree_block_sizes)
+                      tree_block_size=args.tree_block_size)
     costs = tree_costs = None
     if cfg.adaptive:
         print("iteration-cost curve for --adaptive (cached: " + (args.cost_cache or "off") + ")", file=sys.stderr)
         costs = rt.adaptive_policy(args.cost_cache or None).costs
-        if args.tree_budgets:  # `adaptive+tree`: its tree arms run at the draft's largest block size
+        if args.tree_budgets:  # `adaptive+tree`: budget n's arm runs at block size min(top, n + 1)
             tree_costs = rt.adaptive_policy(args.cost_cache or None, tree_budgets=args.tree_budgets).tree_costs
     meta = {"target": str(target), "draft": str(args.draft or "shipped (" + DEFAULT_DRAFT.name + ")"),
             "dtype": args.dtype, "device": args.device, "fast_linears": not args.no_fast_linears,

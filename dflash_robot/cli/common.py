@@ -78,6 +78,12 @@ def check_paths(args: argparse.Namespace) -> None:
             if getattr(args, flag, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} does not apply to --engine executorch "
                                   "(the export fixes the draft and the weights)")
+        if getattr(args, "device", "cpu") != "cpu" or getattr(args, "dtype", "float32") != "float32":
+            raise ConfigError("--device and --dtype do not apply to --engine executorch (its programs run "
+                              "fp32 on ExecuTorch's CPU backends)")
+        if getattr(args, "tree_budget", 0) or getattr(args, "tree_budgets", None):
+            raise ConfigError("an ExecuTorch export verifies causal blocks only; tree verification needs the "
+                              "lean or transformers engine")
         from dflash_robot.export.manifest import read_manifest
 
         args.executorch_manifest = read_manifest(args.target)

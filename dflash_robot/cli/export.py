@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     top = draft_training_block_size(args.draft)
     if args.block_size is not None and args.block_size > top:
         raise ConfigError(f"--block-size {args.block_size} is out of range: this draft supports 2..{top}")
-    if args.max_context < 2 * (args.block_size or 2):
-        raise ConfigError(f"--max-context {args.max_context} must be at least twice the block size")
+    if args.max_context < 2 * (args.block_size or top):
+        raise ConfigError(f"--max-context {args.max_context} must be at least twice the block size "
+                          f"({args.block_size or top}{'' if args.block_size else ', the largest this draft runs'})")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")

@@ -8,8 +8,10 @@ The design is the ExecuTorch DFlash RFC's (seed 002), with two programs:
   `input_pos` next time; stale slots past it are never read before being overwritten.
 - draft: `(tokens [q], hidden [q, n*H], hidden_len [1], input_pos [1]) -> logits [q-1, V']`.
   Unlike the RFC's reset-every-round draft cache, the draft keeps the K/V of every committed
-  context token by position as well (like our eager draft and z-lab's), so it proposes what the
-  eager draft proposes: rows `hidden[:hidden_len]` are the features committed since the last
+  context token by position as well (like our eager draft and z-lab's), so at the exported block
+  size it proposes what the eager draft proposes (a shorter block is padded with mask tokens,
+  which the block's bidirectional attention sees: its drafts may then differ, the output does
+  not): rows `hidden[:hidden_len]` are the features committed since the last
   call, at positions input_pos.., and the block sits right after them. The padded rows past
   `hidden_len` are written to slots the next call overwrites, and masked out.
 
@@ -173,8 +175,9 @@ class _StaticContextCache:
         kc, vc = getattr(self.owner, f"k_cache_{layer}"), getattr(self.owner, f"v_cache_{layer}")  # [Hkv, C, D]
         kc.index_copy_(1, self.positions, k[0])
         vc.index_copy_(1, self.positions, v[0])
-        written = torch.arange(kc.shape[1], dtype=torch.long) <= self.positions[-1]  # see ExportableTarget
-        return kc[None], torch.where(written[None, :, None], vc, 0.0)[None]
+        written = (torch.arange(kc.shape[1], dtype=torch.long) <= self.positions[-1])[None, :, None]
+        # never-written slots may hold NaN (see ExportableTarget); SDPA adds its mask, NaN + -inf is NaN
+        return torch.where(written, kc, 0.0)[None], torch.where(written, vc, 0.0)[None]
 
     def commit(self) -> None:
         return None

@@ -288,8 +288,8 @@ class DFlashRuntime:
     def adaptive_policy(self, cost_cache: str | Path | None = DEFAULT_COST_CACHE,
                         progress: Any = None, tree_budgets: Sequence[int] = ()) -> AdaptiveBlockSize:
         """An `AdaptiveBlockSize` over this runtime's measured cost curve (cached, expiring).
-        With `tree_budgets`, it also weighs tree verification at those node budgets (at the
-        draft's largest block size), from their own measured iteration costs."""
+        With `tree_budgets`, it also weighs tree verification at those node budgets (budget n at
+        block size min(training block size, n + 1)), from their own measured iteration costs."""
         from dflash_robot.runtime.policy import load_or_measure_costs, measure_tree_costs
 
         if self.draft is None:
@@ -306,7 +306,7 @@ class DFlashRuntime:
             if reason is not None:
                 raise UnsupportedModelError(f"adaptive tree budgets: {reason}")
             tree_costs = load_or_measure_costs(
-                self, sorted(set(tree_budgets)), cost_cache, self.cost_key() + f"|tree q={top}", progress=progress,
+                self, sorted(set(tree_budgets)), cost_cache, self.cost_key() + f"|tree max q={top}", progress=progress,
                 measure=lambda rt, ns, **kw: measure_tree_costs(rt, ns, top, **kw))
         return AdaptiveBlockSize(self._costs, top, tree_costs=tree_costs)
 
@@ -318,10 +318,10 @@ def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch
 
     if gguf_path is None or engine == "hf" or dtype != torch.float32 or is_stateful(model) or not supports(model):
         return "fp32"
-    from gguf import GGUFReader
+    from dflash_robot.targets.gguf_weights import gguf_tensor_types
 
-    types = {t.tensor_type.name for t in GGUFReader(gguf_path).tensors if t.name.startswith("blk.") and
-             t.name.endswith(("attn_q.weight", "ffn_down.weight"))}
+    types = {t for name, t in gguf_tensor_types(gguf_path).items() if name.startswith("blk.") and
+             name.endswith(("attn_q.weight", "ffn_down.weight"))}
     return "gguf" if types and types <= {"Q4_0", "Q4_1"} else "fp32"
 
 

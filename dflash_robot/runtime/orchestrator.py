@@ -12,6 +12,9 @@ One iteration, with q the block size and `last` the last committed token:
    token budget are folded in on the device.
 4. ONE device->host transfer reads [a, first_stop, tokens...] back.  <- the only sync
 5. The target cache keeps `produced` block tokens; their features feed the next draft.
+A `TreeStrategy` (`strategy.py`, DDTree) replaces steps 1-3 and 5 with a draft tree verified under
+an ancestor mask, acceptance along the target's own choices, and a compaction of the accepted
+path's cache entries; the transfer in step 4 then also carries the path.
 """
 
 from __future__ import annotations
@@ -94,6 +97,9 @@ class RuntimeOrchestrator:
         """Yield one StepEvent per step until a stop token or max_new_tokens."""
         policy = self._policy(cfg, policy)
         plans_trees = bool(getattr(policy, "tree_costs", None))  # an adaptive policy that may pick trees
+        if plans_trees and (cfg.tree_budget or cfg.verify_mode != "batched"):
+            raise ConfigError("this adaptive policy chooses the tree budget itself and verifies in one batched "
+                              "forward; leave tree_budget at 0 and verify_mode 'batched'")
         # refuses a tree the target cannot verify, before any work
         strategies = {0: self._strategy(cfg.tree_budget, cfg.tree_topk)}
         if plans_trees:

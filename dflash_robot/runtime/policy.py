@@ -9,8 +9,8 @@ policy never exceeds its `max_block_size`.
   `E[tokens | q] / cost(q)`, from a cost curve (seconds per iteration at block size q,
   measured for this target, draft and machine: `measure_costs`) and the acceptance seen
   so far (a survival estimate that handles the censoring a block size imposes). Given
-  `tree_costs` (`measure_tree_costs`), it also weighs tree verification (DDTree) at the
-  largest block size for each budget, from the tokens those steps committed; the
+  `tree_costs` (`measure_tree_costs`), it also weighs tree verification (DDTree) for each
+  budget n (at block size min(max, n + 1)), from the tokens those steps committed; the
   orchestrator reads the chosen budget from `next_tree_budget()`.
 """
 
@@ -131,12 +131,17 @@ class AdaptiveBlockSize:
     def best_block_size(self) -> int:
         return self.best_plan()[0]
 
+    def tree_block_size(self, budget: int) -> int:
+        """A tree arm's block size: deep enough for its budget as one chain (budget + 1)."""
+        return min(self.max_block_size, budget + 1)
+
     def tree_expected_tokens(self, budget: int) -> float:
         """Tokens per step of a tree arm: its decayed mean, shrunk (prior_weight pseudo-steps)
-        toward `tree_prior_gain` x the chain's expectation at the same depth, so an arm not yet
-        tried is tried when the chain's own acceptance says a tree could pay."""
+        toward `tree_prior_gain` x the chain's expectation at the same block size, so an arm not
+        yet tried is tried when the chain's own acceptance says a tree could pay."""
         total, steps = self._tree_stats[budget]
-        prior = self.tree_prior_gain * self.expected_tokens(self.max_block_size)
+        q = self.tree_block_size(budget)  # a step never commits more than q tokens
+        prior = min(float(q), self.tree_prior_gain * self.expected_tokens(q))
         return (total + self.prior_weight * prior) / (steps + self.prior_weight)
 
     def best_plan(self) -> tuple[int, int]:
@@ -150,7 +155,7 @@ class AdaptiveBlockSize:
         for n, c in self.tree_costs.items():
             rate = self.tree_expected_tokens(n) / c
             if rate > best_rate * (1 + 1e-9):
-                best, best_rate = (self.max_block_size, n), rate
+                best, best_rate = (self.tree_block_size(n), n), rate
         return best
 
     def observe_tree(self, budget: int, committed: int) -> None:
@@ -212,6 +217,7 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     tgt, drafter = orch.target, orch.drafter
     if drafter is None and any(q > 1 for q in block_sizes):
         raise ConfigError("measuring block sizes > 1 needs a draft")
+    context = _measuring_context(tgt, context, (max_reps + 1) * len(block_sizes) + max(block_sizes))
     vocab = tgt.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (context,), generator=g).to(tgt.device)
@@ -243,11 +249,12 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     return {q: sorted(ts)[len(ts) // 2] for q, ts in times.items()}
 
 
-def measure_tree_costs(runtime: Any, budgets: Sequence[int], block_size: int, context: int = 256,
+def measure_tree_costs(runtime: Any, budgets: Sequence[int], max_block_size: int, context: int = 256,
                        budget_s: float = 10.0, min_reps: int = 3, max_reps: int = 15,
                        progress: Callable[[int, int], None] | None = None) -> dict[int, float]:
-    """Median seconds of one tree iteration (draft at `block_size`, `build_tree`, one tree verify,
-    acceptance, compaction) per node budget, measured like `measure_costs`."""
+    """Median seconds of one tree iteration (draft at block size min(max, budget + 1), as
+    `AdaptiveBlockSize.tree_block_size`; `build_tree`, one tree verify, acceptance, compaction)
+    per node budget, measured like `measure_costs`."""
     import torch
 
     from dflash_robot.runtime.config import SamplingConfig
@@ -257,6 +264,7 @@ def measure_tree_costs(runtime: Any, budgets: Sequence[int], block_size: int, co
     tgt, drafter = orch.target, orch.drafter
     if drafter is None:
         raise ConfigError("measuring tree costs needs a draft")
+    context = _measuring_context(tgt, context, (max_reps + 1) * len(budgets) + max(budgets) + 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, tgt.vocab_size, (context,), generator=g).to(tgt.device)
     tap = drafter.metadata.target_layer_ids
@@ -270,7 +278,7 @@ def measure_tree_costs(runtime: Any, budgets: Sequence[int], block_size: int, co
     for rnd in range(max_reps + 1):
         for n, strat in strategies.items():
             t0 = time.perf_counter()
-            prop = strat.propose(last, feats, block_size, greedy, g)
+            prop = strat.propose(last, feats, min(max_block_size, n + 1), greedy, g)
             snap = tgt.snapshot()
             v = strat.verify(tgt, prop, tap, False)
             acc = strat.accept(prop, v.logits, greedy, g)
@@ -284,6 +292,19 @@ def measure_tree_costs(runtime: Any, budgets: Sequence[int], block_size: int, co
         if rnd >= min_reps and time.perf_counter() - start > budget_s:
             break
     return {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
+
+
+def _measuring_context(target: Any, context: int, growth: int) -> int:
+    """The prefill length for a measurement that then grows the cache by up to `growth` slots,
+    capped to fit a target with a fixed maximum length (an ExecuTorch export)."""
+    limit = getattr(target, "max_length", None)
+    if limit is None or context + growth <= limit:
+        return context
+    fitted = limit - growth
+    if fitted < 16:
+        raise ConfigError(f"the target holds {limit} positions, too few to measure the iteration costs "
+                          f"({growth} positions beyond a prompt); use a fixed block size")
+    return fitted
 
 
 def implausible(costs: Mapping[int, float], tolerance: float = 0.15) -> list[int]:

@@ -49,15 +49,6 @@ class DraftTree:
         return int(self.tokens.shape[0])
 
 
-def tree_level_sizes(budget: int, topk: int, max_depth: int) -> list[int]:
-    """Candidates kept at each depth 1..max_depth (static: depends only on the settings)."""
-    sizes, m = [], 1
-    for _ in range(max_depth):
-        m = min(budget, m * topk)
-        sizes.append(m)
-    return sizes
-
-
 def build_tree(last: torch.Tensor, logprobs: torch.Tensor, budget: int, topk: int,
                vocab_ids: torch.Tensor | None = None) -> DraftTree:
     """last [1] (the root token), logprobs [D, V'] (the draft's log-probabilities at depths
@@ -122,7 +113,3 @@ def tree_accept(tree: DraftTree, choice: torch.Tensor) -> TreeAcceptance:
     a = torch.where(on_path, tree.depths, 0).max()
     return TreeAcceptance(num_accepted=a, tokens=choice[path], path=path)
 
-
-def tree_positions(tree: DraftTree, seq_len: int) -> torch.Tensor:
-    """Position ids of the verified nodes: committed length plus depth."""
-    return tree.depths + seq_len

@@ -1,7 +1,8 @@
 """Target adapters: the one interface the runtime uses to drive a target model.
 
 A target adapter owns the target's cache. The orchestrator only ever calls:
-prefill -> (snapshot -> verify -> rollback)*, and never reaches into cache internals.
+prefill -> (snapshot -> verify -> rollback | snapshot -> verify_tree -> compact)*, and never
+reaches into cache internals.
 Attention-only, sliding-window and recurrent targets differ only in their adapters:
 `hf.py`, `lean.py`, `stateful.py`; `factory.py` picks one by capability.
 

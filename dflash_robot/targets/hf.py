@@ -36,6 +36,10 @@ class HFTargetAdapter(ChunkedForwardAdapter):
         self.max_length: int | None = getattr(cfg, "max_position_embeddings", None)
         self._cache: DynamicCache | None = None
         self._len = 0
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in ("eager", "sdpa"):  # flex adds a boolean mask as 0/1, flash attention ignores 4D masks
+            self.tree_unsupported = (f"attention implementation {impl!r} does not take the 4D ancestor mask "
+                                     "a tree needs (use attn_implementation='sdpa' or 'eager')")
 
     @property
     def seq_len(self) -> int:
@@ -72,28 +76,38 @@ class HFTargetAdapter(ChunkedForwardAdapter):
 
     def _tree_attention_mask(self, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor | dict:
         """The 4D mask(s) transformers takes as given: each tree node sees the committed keys
-        its layer holds (all of them, or the sliding window's) and its own ancestors.
-        Boolean (True = attend) for SDPA/flex kernels, additive for eager attention."""
+        its layer holds (all of them, or a sliding window's) and its own ancestors. Boolean
+        (True = attend) for SDPA, additive for eager attention. The layer kinds come from the
+        cache itself (a model may slide every layer without naming `layer_types`)."""
+        assert self._cache is not None
         s, t = self._len, positions.shape[0]
-        types = list(getattr(self.config, "layer_types", None) or ["full_attention"])
-        masks: dict[str, torch.Tensor] = {}
-        for kind in dict.fromkeys(types):
-            if kind == "full_attention":
+        kinds = [getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+                 for layer in self._cache.layers]  # None = full attention, else the window
+        masks: dict[int | None, torch.Tensor] = {}
+        for w in dict.fromkeys(kinds):
+            if w is None:
                 m = torch.cat([torch.ones(t, s, dtype=torch.bool, device=self.device), tree_mask], dim=1)
-            elif kind == "sliding_attention":
-                w = int(self.config.sliding_window)
-                held = min(s, w - 1)  # what a sliding layer (past recording on) returns before the new keys
+            else:
+                held = min(s, int(w) - 1)  # what a sliding layer (past recording on) returns before the new keys
                 key_pos = torch.cat([torch.arange(s - held, s, device=self.device), positions])
                 m = torch.cat([torch.ones(t, held, dtype=torch.bool, device=self.device), tree_mask], dim=1)
-                m &= key_pos[None, :] > positions[:, None] - w
-            else:
-                raise UnsupportedModelError(f"tree verification: layer type {kind!r}")
+                m &= key_pos[None, :] > positions[:, None] - int(w)
             if self.config._attn_implementation == "eager":
-                dtype = self.dtype
-                m = torch.zeros(m.shape, dtype=dtype, device=self.device).masked_fill(~m, torch.finfo(dtype).min)
-            masks[kind] = m[None, None]
-        # a model with sliding layers takes one mask per layer type (Gemma 3's mapping)
-        return masks["full_attention"] if list(masks) == ["full_attention"] else masks
+                floor = torch.finfo(self.dtype).min
+                m = torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill(~m, floor)
+            masks[w] = m[None, None]
+        if len(masks) == 1:
+            return next(iter(masks.values()))
+        # mixed layers: one mask per layer type, the mapping Gemma 3 style models accept
+        types = list(getattr(self.config, "layer_types", None) or [])
+        if len(types) != len(kinds):
+            raise UnsupportedModelError("tree verification: this model mixes sliding and full layers without "
+                                        "naming them in config.layer_types")
+        by_type: dict[str, torch.Tensor] = {}
+        for kind, w in zip(types, kinds, strict=True):
+            if by_type.setdefault(kind, masks[w]) is not masks[w]:
+                raise UnsupportedModelError(f"tree verification: layers of type {kind!r} differ in their window")
+        return by_type
 
     def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
         """The tree's nodes are the last (length - base) entries of every layer (sliding

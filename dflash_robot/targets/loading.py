@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -72,7 +73,14 @@ def cache_root() -> Path:
 
 
 def gguf_digest(path: Path) -> str:
-    """sha256 of a file's content (the key of its converted copy)."""
+    """sha256 of a file's content (the key of its converted copy), computed once per process
+    for a given (path, size, mtime)."""
+    st = Path(path).stat()
+    return _digest(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 23), b""):
