@@ -18,12 +18,25 @@ N = 40
 BLOCK = 8
 
 
+_EXPORTS: dict = {}
+
+
+def _export(family, tmp_path_factory):
+    if family not in _EXPORTS:
+        out = tmp_path_factory.mktemp(f"et-{family}")
+        export_executorch(taught_target(family), trained_draft(family), out, block_size=BLOCK, max_context=160)
+        _EXPORTS[family] = out
+    return family, _EXPORTS[family]
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def exported(request, tmp_path_factory):
-    family = request.param
-    out = tmp_path_factory.mktemp(f"et-{family}")
-    export_executorch(taught_target(family), trained_draft(family), out, block_size=BLOCK, max_context=160)
-    return family, out
+    return _export(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def exported_llama(tmp_path_factory):
+    return _export("llama", tmp_path_factory)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, BLOCK])
@@ -107,3 +120,38 @@ def test_adaptive_measures_within_the_exported_context(exported):
     prompt = random_prompt(20, 5)
     res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N), policy=pol)
     assert res.token_ids == plain_greedy_cached(family, tuple(prompt), N)
+
+
+def test_bench_times_an_export(exported_llama, tmp_path, capsys):
+    family, out = exported_llama
+    from tiny import char_tokenizer
+
+    char_tokenizer().save_pretrained(out)  # bench applies a chat template
+    rc = main(["bench", "--engine", "executorch", "--target", str(out), "--datasets", "gsm8k", "--limit", "2",
+               "--block-sizes", "2,4", "--max-new-tokens", "12", "--no-adaptive", "--no-plots", "--no-progress",
+               "--out", str(tmp_path / "b")])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    d = report["datasets"]["gsm8k"]
+    assert report["meta"]["engine"] == "ExecuTorchTarget"
+    assert all(s["lossless_mismatches"] == 0 for s in d["dflash"].values())
+    assert main(["bench", "--engine", "executorch", "--target", str(out), "--tree-budgets", "4",
+                 "--out", str(tmp_path / "c")]) == 2
+    assert "causal blocks only" in capsys.readouterr().err
+
+
+def test_missing_executorch_says_how_to_install(monkeypatch):
+    import builtins
+
+    from dflash_robot.export.manifest import require_executorch
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name.startswith("executorch"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(ConfigError, match=r"pip install 'dflash-robot\[executorch\]'"):
+        require_executorch()

@@ -122,7 +122,9 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
         costs = rt.adaptive_policy(args.cost_cache or None).costs
         if args.tree_budgets:  # `adaptive+tree`: budget n's arm runs at block size min(top, n + 1)
             tree_costs = rt.adaptive_policy(args.cost_cache or None, tree_budgets=args.tree_budgets).tree_costs
-    meta = {"target": str(target), "draft": str(args.draft or "shipped (" + DEFAULT_DRAFT.name + ")"),
+    draft_name = "draft.pte in the export" if args.engine == "executorch" else \
+        str(args.draft or "shipped (" + DEFAULT_DRAFT.name + ")")
+    meta = {"target": str(target), "draft": draft_name,
             "dtype": args.dtype, "device": args.device, "fast_linears": not args.no_fast_linears,
             "engine": type(rt.target).__name__, "precision": rt.info.get("precision"),
             "command": "dflash-robot " + " ".join(sys.argv[1:])}

@@ -190,9 +190,12 @@ class ExportableDraft(nn.Module):
     def __init__(self, draft: DFlashDraft, embedding: torch.Tensor, head_weight: torch.Tensor,
                  head_bias: torch.Tensor | None, block_size: int, max_context: int):
         super().__init__()
-        import copy
-
-        self.draft = copy.deepcopy(draft).float().eval()
+        # a fresh module from the weights: the given draft may carry oneDNN-packed linears
+        # (targets/fastpath.py), which neither copy nor export
+        fresh = DFlashDraft(draft.config, draft.metadata)
+        fresh.load_state_dict({k: v.detach().float() if v.is_floating_point() else v
+                               for k, v in draft.state_dict().items()})
+        self.draft = fresh.float().eval()
         self.meta = draft.metadata
         self.block_size = int(block_size)
         self.capacity = int(max_context) + self.block_size  # padded context rows may overrun by q - 1

@@ -20,7 +20,7 @@ from torch import nn
 from dflash_robot.drafts.metadata import DraftMetadata
 from dflash_robot.errors import ConfigError
 from dflash_robot.export.manifest import read_manifest, require_executorch
-from dflash_robot.targets.base import CacheSnapshot, TargetOutput
+from dflash_robot.targets.base import PositionCache, TargetOutput
 
 
 def _load_method(path: Path, name: str = "forward") -> Any:
@@ -32,7 +32,7 @@ def _load_method(path: Path, name: str = "forward") -> Any:
         raise ConfigError(f"cannot load the ExecuTorch program {path}: {e}") from e
 
 
-class ExecuTorchTarget:
+class ExecuTorchTarget(PositionCache):
     """`TargetAdapter` over `target.pte`."""
 
     tree_unsupported = ("the exported target program takes a causal block at consecutive positions; "
@@ -55,10 +55,6 @@ class ExecuTorchTarget:
         self._method = _load_method(self.dir / "target.pte")
         self._len = 0
         self.calls = 0
-
-    @property
-    def seq_len(self) -> int:
-        return self._len
 
     def reset(self) -> None:
         self._len = 0
@@ -109,16 +105,6 @@ class ExecuTorchTarget:
         from dflash_robot.errors import UnsupportedModelError
 
         raise UnsupportedModelError(f"tree verification: {self.tree_unsupported}")
-
-    def snapshot(self) -> CacheSnapshot:
-        return CacheSnapshot(seq_len=self._len)
-
-    def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None:
-        self.crop(snapshot.seq_len + num_kept)
-
-    def crop(self, length: int) -> None:
-        assert 0 <= length <= self._len
-        self._len = length
 
     def input_embedding_weight(self) -> torch.Tensor:
         raise ConfigError("the ExecuTorch target keeps its embedding inside target.pte; "

@@ -45,16 +45,22 @@ class ChainStrategy:
         self.vocab_size = vocab_size
         self.mask_id = drafter.metadata.mask_token_id if drafter is not None else 0
 
+    def _draft_logits(self, last: torch.Tensor, features: torch.Tensor | None, q: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one draft forward of an iteration: -> (block [q] = [last, mask...], logits [q-1, V]
+        or [q-1, N] over the draft's `vocab_ids`, on the draft's side)."""
+        assert self.drafter is not None and features is not None
+        block = torch.full((q,), self.mask_id, dtype=torch.long, device=last.device)
+        block[:1] = last
+        return block, self.drafter.propose(features, block)
+
     def propose(self, last: torch.Tensor, features: torch.Tensor | None, q: int,
                 sampling: SamplingConfig, gen: torch.Generator) -> Proposal:
         """-> block [q] = [last, d_1..d_{q-1}], and the draft probs [q-1, V] when sampling."""
         if q == 1:
             return Proposal(last)
-        assert self.drafter is not None and features is not None
-        block = torch.full((q,), self.mask_id, dtype=torch.long, device=last.device)
-        block[:1] = last
-        logits = self.drafter.propose(features, block)  # [q-1, V], or [q-1, N] over vocab_ids
-        ids = self.drafter.vocab_ids  # [N] or None; logits live on the draft's side
+        block, logits = self._draft_logits(last, features, q)
+        ids = self.drafter.vocab_ids  # type: ignore[union-attr]  # [N] or None
         if sampling.greedy:
             drafted = logits.argmax(dim=-1)
             block[1:] = drafted if ids is None else ids[drafted]  # q - 1 ids back to the target's side
@@ -111,12 +117,9 @@ class TreeStrategy(ChainStrategy):
                 sampling: SamplingConfig, gen: torch.Generator) -> Proposal:
         if q == 1:
             return Proposal(last)
-        assert self.drafter is not None and features is not None
-        block = torch.full((q,), self.mask_id, dtype=torch.long, device=last.device)
-        block[:1] = last
-        logits = self.drafter.propose(features, block)  # [q-1, V'] on the draft's side
+        _, logits = self._draft_logits(last, features, q)
         logprobs = F.log_softmax(logits.float(), dim=-1)
-        ids = self.drafter.vocab_ids
+        ids = self.drafter.vocab_ids  # type: ignore[union-attr]
         tree = build_tree(last.to(logprobs.device), logprobs, self.budget, self.topk,
                           None if ids is None else ids.to(logprobs.device))
         if tree.tokens.device != last.device:

@@ -73,6 +73,28 @@ class TargetAdapter(Protocol):
     def output_head(self) -> nn.Module: ...
 
 
+class PositionCache:
+    """Snapshot / rollback / crop for caches whose entries past `_len` are simply never read
+    again before being overwritten (preallocated buffers indexed by position): a rollback is a
+    new length, nothing is copied or freed."""
+
+    _len: int
+
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    def snapshot(self) -> CacheSnapshot:
+        return CacheSnapshot(seq_len=self._len)
+
+    def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None:
+        self.crop(snapshot.seq_len + num_kept)
+
+    def crop(self, length: int) -> None:
+        assert 0 <= length <= self._len
+        self._len = length
+
+
 class ChunkedForwardAdapter:
     """`prefill` and `verify` for adapters built on one primitive, `_forward(ids, taps,
     logits_to_keep)` -> TargetOutput, which appends `ids` to the cache. `_trim()` runs after

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_robot.errors import UnsupportedModelError
-from dflash_robot.targets.base import CacheSnapshot, ChunkedForwardAdapter, TargetOutput
+from dflash_robot.targets.base import ChunkedForwardAdapter, PositionCache, TargetOutput
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3")
@@ -113,7 +113,7 @@ class _Layer:
         self.k_norm = None if kn is None else kn.weight.detach()
 
 
-class LeanTargetAdapter(ChunkedForwardAdapter):
+class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
     """`TargetAdapter` over a lean forward of a Llama/Qwen2/Qwen3 model (see module doc);
     `prefill` and `verify` come from `ChunkedForwardAdapter`, over `_forward` below.
 
@@ -187,23 +187,8 @@ class LeanTargetAdapter(ChunkedForwardAdapter):
         self._sin = (ang.sin() * self._rope_scale).to(self.dtype)
         self._capacity = cap
 
-    @property
-    def seq_len(self) -> int:
-        return self._len
-
     def reset(self) -> None:
         self._len = 0
-
-    def snapshot(self) -> CacheSnapshot:
-        return CacheSnapshot(seq_len=self._len)
-
-    def rollback(self, snapshot: CacheSnapshot, num_kept: int) -> None:
-        self.crop(snapshot.seq_len + num_kept)
-
-    def crop(self, length: int) -> None:
-        """Entries past `length` stay in the buffers, unused, until overwritten."""
-        assert 0 <= length <= self._len
-        self._len = length
 
     # -- forward -------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
