@@ -54,7 +54,6 @@ class ExecuTorchTarget(PositionCache):
         self.taps = tuple(int(i) for i in m["draft"]["target_layer_ids"])
         self._method = _load_method(self.dir / "target.pte")
         self._len = 0
-        self.calls = 0
 
     def reset(self) -> None:
         self._len = 0
@@ -68,7 +67,6 @@ class ExecuTorchTarget(PositionCache):
         if n < self.block:
             tokens = torch.cat([tokens, tokens.new_zeros(self.block - n)])
         logits, feats = self._method.execute([tokens, torch.tensor([self._len], dtype=torch.long)])
-        self.calls += 1
         self._len += n
         return logits[:n].clone(), feats[:n].clone()  # the outputs live in the program's planned memory
 
@@ -133,7 +131,6 @@ class ExecuTorchDraft:
         self.vocab_ids = None if ids is None else torch.tensor(ids, dtype=torch.long)
         self._method = _load_method(self.dir / "draft.pte")
         self._pos = 0
-        self.calls = 0
 
     def reset(self) -> None:
         self._pos = 0
@@ -148,7 +145,6 @@ class ExecuTorchDraft:
             hidden = torch.cat([hidden, hidden.new_zeros(self.block - n, hidden.shape[1])])
         out = self._method.execute([block, hidden.float().contiguous(), torch.tensor([n], dtype=torch.long),
                                     torch.tensor([self._pos], dtype=torch.long)])[0]
-        self.calls += 1
         self._pos += n
         return out
 

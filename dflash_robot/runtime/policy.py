@@ -226,27 +226,40 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     feats = out.features
     if drafter is not None:
         drafter.reset()
-    times: dict[int, list[float]] = {q: [] for q in block_sizes}
+
+    def iteration(q: int) -> None:
+        nonlocal feats
+        block = torch.randint(0, vocab, (q,), generator=g).to(tgt.device)
+        if q > 1:  # steady state: the draft projects only the newly committed features
+            logits = drafter.propose(feats, block)
+            block[1:] = logits.argmax(-1)
+        snap = tgt.snapshot()
+        v = tgt.verify(block, tap)
+        v.logits.argmax(-1).tolist()  # the iteration's one host sync
+        tgt.rollback(snap, 1)
+        feats = v.features[:1] if v.features is not None else None
+
+    return _median_rounds(block_sizes, iteration, budget_s, min_reps, max_reps, progress)
+
+
+def _median_rounds(keys: Sequence[int], iteration: Callable[[int], None], budget_s: float, min_reps: int,
+                   max_reps: int, progress: Callable[[int, int], None] | None) -> dict[int, float]:
+    """Median seconds of `iteration(key)` per key, over rounds that interleave all keys (so drift
+    on a busy machine hits every key alike): round 0 is warm-up, then at least `min_reps` rounds
+    and more until `budget_s` is spent, at most `max_reps`."""
+    times: dict[int, list[float]] = {k: [] for k in keys}
     start = time.perf_counter()
-    for rnd in range(max_reps + 1):  # round 0 is warm-up
-        for q in block_sizes:
-            block = torch.randint(0, vocab, (q,), generator=g).to(tgt.device)
+    for rnd in range(max_reps + 1):
+        for k in keys:
             t0 = time.perf_counter()
-            if q > 1:  # steady state: the draft projects only the newly committed features
-                logits = drafter.propose(feats, block)
-                block[1:] = logits.argmax(-1)
-            snap = tgt.snapshot()
-            v = tgt.verify(block, tap)
-            v.logits.argmax(-1).tolist()  # the iteration's one host sync
-            tgt.rollback(snap, 1)
-            feats = v.features[:1] if v.features is not None else None
+            iteration(k)
             if rnd > 0:
-                times[q].append(time.perf_counter() - t0)
+                times[k].append(time.perf_counter() - t0)
         if progress is not None and rnd > 0:
             progress(rnd, max_reps)
         if rnd >= min_reps and time.perf_counter() - start > budget_s:
             break
-    return {q: sorted(ts)[len(ts) // 2] for q, ts in times.items()}
+    return {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
 
 
 def measure_tree_costs(runtime: Any, budgets: Sequence[int], max_block_size: int, context: int = 256,
@@ -273,25 +286,19 @@ def measure_tree_costs(runtime: Any, budgets: Sequence[int], max_block_size: int
     strategies = {n: TreeStrategy(drafter, tgt.vocab_size, n) for n in budgets}
     greedy = SamplingConfig()
     last = prompt[-1:]
-    times: dict[int, list[float]] = {n: [] for n in budgets}
-    start = time.perf_counter()
-    for rnd in range(max_reps + 1):
-        for n, strat in strategies.items():
-            t0 = time.perf_counter()
-            prop = strat.propose(last, feats, min(max_block_size, n + 1), greedy, g)
-            snap = tgt.snapshot()
-            v = strat.verify(tgt, prop, tap, False)
-            acc = strat.accept(prop, v.logits, greedy, g)
-            torch.cat([acc.num_accepted.view(1), acc.tokens, acc.path]).tolist()  # type: ignore[attr-defined]
-            strat.commit(tgt, snap, [0], 1)  # the iteration's one sync above; keep the root, like measure_costs
-            feats = v.features[:1] if v.features is not None else None
-            if rnd > 0:
-                times[n].append(time.perf_counter() - t0)
-        if progress is not None and rnd > 0:
-            progress(rnd, max_reps)
-        if rnd >= min_reps and time.perf_counter() - start > budget_s:
-            break
-    return {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
+
+    def iteration(n: int) -> None:
+        nonlocal feats
+        strat = strategies[n]
+        prop = strat.propose(last, feats, min(max_block_size, n + 1), greedy, g)
+        snap = tgt.snapshot()
+        v = strat.verify(tgt, prop, tap, False)
+        acc = strat.accept(prop, v.logits, greedy, g)
+        torch.cat([acc.num_accepted.view(1), acc.tokens, acc.path]).tolist()  # type: ignore[attr-defined]
+        strat.commit(tgt, snap, [0], 1)  # the iteration's one sync above; keep the root, like measure_costs
+        feats = v.features[:1] if v.features is not None else None
+
+    return _median_rounds(budgets, iteration, budget_s, min_reps, max_reps, progress)
 
 
 def _measuring_context(target: Any, context: int, growth: int) -> int:
