@@ -92,7 +92,8 @@ class DFlashRuntime:
             if draft is not None:
                 pack_linears(draft)
         if draft is not None:
-            proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head())
+            proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head(),
+                                      precision=draft_precision(precision))
         rt = cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
         rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears, precision=precision)
         return rt
@@ -309,6 +310,14 @@ class DFlashRuntime:
                 self, sorted(set(tree_budgets)), cost_cache, self.cost_key() + f"|tree max q={top}", progress=progress,
                 measure=lambda rt, ns, **kw: measure_tree_costs(rt, ns, top, **kw))
         return AdaptiveBlockSize(self._costs, top, tree_costs=tree_costs)
+
+
+def draft_precision(target_precision: str) -> str:
+    """The draft's weights for a target at `target_precision` (`drafts/lean.py`): quantized targets
+    get an int8 draft. Measured 2026-11-30 on the shipped SmolLM2 draft (2 threads): a block-4
+    proposal took 2.0 ms in fp32, 1.8 in bf16, 1.1 in int8, 1.0 in int4, with the same τ to
+    two decimals at blocks 4 and 16 on 6 HumanEval + 6 GSM8K prompts; int8 is the smaller change."""
+    return {"fp32": "fp32", "bf16": "bf16"}.get(target_precision, "int8")
 
 
 def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch.dtype) -> str:

@@ -52,7 +52,11 @@ class DFlashProposer:
     features go through a `FeatureMirror`. Logits stay on the draft's side; the orchestrator
     brings the q - 1 drafted ids (and, when sampling, their probabilities) back."""
 
-    def __init__(self, draft: DFlashDraft, embedding_weight: torch.Tensor, head: nn.Module):
+    def __init__(self, draft: DFlashDraft, embedding_weight: torch.Tensor, head: nn.Module, lean: bool = True,
+                 precision: str = "fp32"):
+        """`lean` runs the draft through `LeanDraftForward` (`drafts/lean.py`: the same function in
+        fewer operations); False runs the module itself (`DFlashDraft.forward`). `precision`: the
+        lean forward's weights (`targets/quant.py`; the head's draft-vocabulary rows are bf16 below fp32)."""
         self.draft = draft.eval()
         self.metadata = draft.metadata
         p = draft.fc.weight
@@ -67,18 +71,34 @@ class DFlashProposer:
             from dflash_robot.targets.fastpath import linear_fn
 
             w, b = draft.head_weight(head)
-            self._sub_head = linear_fn(w.detach().to(p.device, p.dtype).contiguous(),
-                                       None if b is None else b.detach().to(p.device, p.dtype))
+            w = w.detach().to(p.device, p.dtype).contiguous()
+            b = None if b is None else b.detach().to(p.device, p.dtype)
+            if lean and precision != "fp32" and p.dtype == torch.float32 and p.device.type == "cpu":
+                from dflash_robot.targets.quant import make_linear
+
+                self._sub_head = make_linear(w, b, "bf16")  # as the target's head: bf16 below fp32
+            else:
+                self._sub_head = linear_fn(w, b)
         self.head = head
         self._cache: DraftKVCache | None = None
+        self._lean = None
+        if lean:
+            from dflash_robot.drafts.lean import LeanDraftForward
+
+            self._lean = LeanDraftForward(draft, precision)
 
     def reset(self) -> None:
+        if self._lean is not None:
+            self._lean.reset()
+            return
         if self._cache is None:
             self._cache = self.draft.new_cache()
         self._cache.length = 0
 
     @property
     def context_length(self) -> int:
+        if self._lean is not None:
+            return self._lean.length
         return 0 if self._cache is None else self._cache.length
 
     @torch.inference_mode()
@@ -88,18 +108,21 @@ class DFlashProposer:
         -> draft logits [q-1, V] for block positions 1..q-1 ([q-1, N] over `vocab_ids` when the
         draft has its own vocabulary).
         """
-        assert self._cache is not None, "call reset() first"
         features = self.mirror(features)  # the newly committed positions only
         block_ids = block_ids.to(self.mirror.device, non_blocking=True)
-        c, q = features.shape[0], block_ids.shape[0]
-        start = self._cache.length
-        device = block_ids.device
-        ctx_pos = torch.arange(start, start + c, device=device)[None]
-        blk_pos = torch.arange(start + c, start + c + q, device=device)[None]
-        noise = F.embedding(block_ids, self.embedding_weight)[None]
+        noise = F.embedding(block_ids, self.embedding_weight)
         if self.metadata.input_embedding_scale != 1.0:
             noise = noise * self.metadata.input_embedding_scale
-        hidden = self.draft(noise, features[None], blk_pos, ctx_pos, cache=self._cache)
+        if self._lean is not None:
+            rows = self._lean.forward(noise, features)[1:]
+        else:
+            assert self._cache is not None, "call reset() first"
+            c, q = features.shape[0], block_ids.shape[0]
+            start = self._cache.length
+            device = block_ids.device
+            ctx_pos = torch.arange(start, start + c, device=device)[None]
+            blk_pos = torch.arange(start + c, start + c + q, device=device)[None]
+            rows = self.draft(noise[None], features[None], blk_pos, ctx_pos, cache=self._cache)[0, 1:]
         if self._sub_head is not None:
-            return self.draft.finish_logits(self._sub_head(hidden[0, 1:]))
-        return self.draft.logits(hidden[0, 1:], self.head)
+            return self.draft.finish_logits(self._sub_head(rows))
+        return self.draft.logits(rows, self.head)

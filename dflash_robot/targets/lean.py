@@ -83,7 +83,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     decoding. SDPA's fp32 kernels are not row-invariant (their blocking depends on M); after
     bf16 rounding of the next product's input, a last-bit difference grew to 0.44 in the
     logits of SmolLM2 at precision gguf. In float64 the rows differ by ~1e-16 and round to the
-    same fp32 values (measured: 0.0 difference; docs/ARCHITECTURE.md)."""
+    same fp32 values (measured: 0.0 difference; docs/ARCHITECTURE.md). The cache itself stays
+    in the model's dtype: a float64 cache removed the per-step conversions but doubled the bytes
+    attention reads, and measured slower at 1024 tokens of context (13.7 against 12.3 ms a step)."""
     s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -183,18 +185,21 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         pos = torch.arange(cap, dtype=torch.float32, device=self.device)
         freqs = pos[:, None] * self._inv_freq.to(self.device)[None, :]
         ang = torch.cat([freqs, freqs], dim=-1)
+        half = ang.shape[-1] // 2
         self._cos = (ang.cos() * self._rope_scale).to(self.dtype)
-        self._sin = (ang.sin() * self._rope_scale).to(self.dtype)
+        sin = (ang.sin() * self._rope_scale).to(self.dtype)
+        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
         self._capacity = cap
 
     def reset(self) -> None:
         self._len = 0
 
     # -- forward -------------------------------------------------------------------------
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x * cos + rotate_half(x) * sin, with rotate_half's sign already in `sin` (`_sin`):
+        [-x2, x1] * [s1, s2] == [x2, x1] * [-s1, s2] exactly, and [x2, x1] is one roll."""
+        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
     def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
         src = torch.tensor(kept_nodes, device=self.device) + base
@@ -232,18 +237,23 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         x = F.embedding(ids, self.embed)  # [T, H]
         for i, layer in enumerate(self.layers):
             h = _rms(x, layer.ln1, self.eps)
-            q, k, v = layer.qkv(h).split([nh * d, nkv * d, nkv * d], dim=-1)
-            q, k, v = q.view(t, nh, d), k.view(t, nkv, d), v.view(t, nkv, d)
-            if layer.q_norm is not None:
-                q = _rms(q, layer.q_norm, self.eps)
-            if layer.k_norm is not None:
-                k = _rms(k, layer.k_norm, self.eps)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            qkv = layer.qkv(h)
+            if layer.q_norm is None and layer.k_norm is None:  # RoPE on q and k heads in one pass
+                qk = self._rope(qkv[:, :(nh + nkv) * d].view(t, nh + nkv, d), cos, sin)
+                q, k = qk[:, :nh], qk[:, nh:]
+            else:
+                q, k = qkv[:, :nh * d].view(t, nh, d), qkv[:, nh * d:(nh + nkv) * d].view(t, nkv, d)
+                if layer.q_norm is not None:
+                    q = _rms(q, layer.q_norm, self.eps)
+                if layer.k_norm is not None:
+                    k = _rms(k, layer.k_norm, self.eps)
+                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            v = qkv[:, (nh + nkv) * d:].view(t, nkv, d)
             kc, vc = self._k[i], self._v[i]
             kc[:, start:end] = k.transpose(0, 1)
             vc[:, start:end] = v.transpose(0, 1)
             # [T, nh, d] -> [nkv, g*T, d]: the g query heads of a KV head stacked along rows
-            qh = q.view(t, nkv, g, d).permute(1, 2, 0, 3).reshape(nkv, g * t, d)
+            qh = q.reshape(t, nkv, g, d).permute(1, 2, 0, 3).reshape(nkv, g * t, d)
             o = _attend(qh, kc[:, :end], vc[:, :end], mask)
             o = o.view(nkv, g, t, d).permute(2, 0, 1, 3).reshape(t, nh * d)
             x = x + layer.o(o)

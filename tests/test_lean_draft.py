@@ -1,0 +1,73 @@
+"""The draft's lean inference forward (`drafts/lean.py`) against the module it reimplements
+(`DFlashDraft.forward` with its context cache), step by step as decoding uses it; and its
+quantized weights leave generation lossless (the target verifies every token)."""
+
+import pytest
+import torch
+from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
+
+from dflash_robot.drafts.lean import LeanDraftForward
+from dflash_robot.runtime.api import DFlashRuntime, draft_precision
+from dflash_robot.runtime.config import GenerationConfig
+from dflash_robot.runtime.proposer import DFlashProposer
+
+
+def _steps(draft, forward, seed=0):
+    """Feed 4 steps of (new context rows c, block size q) like a decode loop; -> the block states."""
+    g = torch.Generator().manual_seed(seed)
+    h = draft.config.hidden_size
+    outs = []
+    for c, q in ((9, 4), (1, 16), (3, 2), (16, 16)):
+        feats = torch.randn(c, draft.fc.in_features, generator=g)
+        noise = torch.randn(q, h, generator=g)
+        outs.append(forward(noise, feats))
+    return outs
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_lean_forward_equals_the_module(family):
+    draft = trained_draft(family)
+    cache = draft.new_cache(capacity=8)  # both caches grow on the way
+
+    def module(noise, feats):
+        start, c, q = cache.length, feats.shape[0], noise.shape[0]
+        pos = torch.arange(start, start + c + q)[None]
+        with torch.inference_mode():
+            return draft(noise[None], feats[None], pos[:, c:], pos[:, :c], cache=cache)[0]
+
+    lean = LeanDraftForward(draft, capacity=8)
+    for ref, got in zip(_steps(draft, module), _steps(draft, lean.forward), strict=True):
+        assert (ref - got).abs().max().item() <= 2e-5
+    assert lean.length == cache.length == 9 + 1 + 3 + 16
+    lean.reset()
+    again = _steps(draft, lean.forward)  # a new sequence after reset: the same states
+    assert all(torch.equal(a, b) for a, b in zip(again, _steps(draft, LeanDraftForward(draft).forward),
+                                                  strict=True))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+def test_quantized_draft_stays_close_and_lossless(precision):
+    draft = trained_draft("llama")
+    exact = _steps(draft, LeanDraftForward(draft).forward)
+    approx = _steps(draft, LeanDraftForward(draft, precision).forward)
+    for a, b in zip(exact, approx, strict=True):
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+        assert cos.min().item() > 0.98, cos  # close, not equal: the weights changed
+        assert not torch.equal(a, b)
+    rt = DFlashRuntime.from_models(taught_target("llama"), draft)
+    t = rt.orchestrator.drafter
+    rt.orchestrator.drafter = DFlashProposer(draft, t.embedding_weight, t.head, precision=precision)
+    accepted = 0
+    for s in range(3):
+        prompt = random_prompt(12, 70 + s)
+        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=40, block_size=8))
+        assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), 40)
+        accepted += sum(a - 1 for a in res.acceptance_lengths)
+    assert accepted > 0  # the quantized draft still drafts tokens the target keeps
+
+
+def test_the_runtime_picks_the_draft_precision_from_the_target():
+    assert draft_precision("fp32") == "fp32" and draft_precision("bf16") == "bf16"
+    assert draft_precision("gguf") == draft_precision("int4") == "int8"
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"), engine="lean", precision="int8")
+    assert rt.orchestrator.drafter._lean.precision == "int8"
