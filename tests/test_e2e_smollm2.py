@@ -156,3 +156,36 @@ def test_executorch_export_decodes_like_the_eager_fp32_engine(rt_fp32, tmp_path)
         a, b = et.orchestrator.generate(ids, cfg), rt_fp32.orchestrator.generate(ids, cfg)
         assert a.token_ids == b.token_ids
         assert a.acceptance_lengths == b.acceptance_lengths
+
+
+def test_second_start_runs_from_the_snapshot_like_the_transformers_path(rt):
+    """After a first start, the default load builds the lean engine and tokenizer from the
+    converted snapshot (no transformers model): same tokenizer output as transformers', same
+    greedy tokens as the engine built from the transformers model, chain and AR."""
+    from transformers import AutoTokenizer
+
+    from dflash_robot.targets.loading import default_target_path
+
+    assert rt.info.get("snapshot")  # the fixture's load found the snapshot the first start wrote
+    hf_tok = AutoTokenizer.from_pretrained(rt.info["snapshot"])
+    for text in (PROMPT, "héllo wörld 👋\n\n  two  spaces", ""):
+        assert chat_ids(rt.tokenizer, text) == chat_ids(hf_tok, text)
+        assert rt.tokenizer(text)["input_ids"] == hf_tok(text)["input_ids"]
+    via_hf = DFlashRuntime.from_models(rt.target.model, rt.draft, hf_tok, engine="lean", precision="gguf",
+                                       gguf_file=str(default_target_path()))
+    ids = chat_ids(hf_tok, PROMPT)
+    for block in (1, 4):
+        cfg = GenerationConfig(max_new_tokens=48, block_size=block, stop_token_ids=rt.stop_token_ids())
+        assert rt.orchestrator.generate(ids, cfg).token_ids == via_hf.orchestrator.generate(ids, cfg).token_ids
+    assert rt.stop_token_ids() == via_hf.stop_token_ids()
+
+
+def test_second_start_imports_no_transformers(rt):
+    import subprocess
+    import sys
+
+    code = ("import sys; from dflash_robot.runtime.api import DFlashRuntime; rt = DFlashRuntime.load(); "
+            "out = rt.generate('Say hi.', max_new_tokens=4); assert out.token_ids, out; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'); assert not bad, bad[:5]")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

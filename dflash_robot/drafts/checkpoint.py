@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from transformers.models.qwen3.modeling_qwen3 import Qwen3Config
 
 from dflash_robot.drafts.metadata import DraftMetadata
-from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.drafts.model import DFlashDraft, rotary_embedding
 from dflash_robot.errors import ConfigError, DraftLoadError, UnsupportedModelError
 
 #: the draft shipped for the default target (SmolLM2-135M-Instruct)
@@ -62,9 +61,50 @@ def _check_supported(cfg: dict[str, Any], source: Path) -> None:
                                     "supported; only bidirectional full-attention draft layers are")
 
 
-def qwen3_config(cfg: dict[str, Any]) -> Qwen3Config:
-    """The Qwen3Config part of a draft's config dict."""
+class DraftConfig:
+    """The Qwen3Config part of a draft's config dict, read without importing transformers (its
+    import cost ~2 s of every start): attribute access with Qwen3Config's defaults for the fields
+    the draft reads, and `to_dict()` giving back what was read. Configs this does not cover
+    (RoPE scaling, a legacy `rope_scaling`) are built as transformers' Qwen3Config instead."""
+
+    _DEFAULTS: dict[str, Any] = {"attention_bias": False, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+                                 "max_position_embeddings": 32768, "initializer_range": 0.02}
+    _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+    def __init__(self, cfg: dict[str, Any]):
+        missing = [k for k in self._REQUIRED if not isinstance(cfg.get(k), int)]
+        if missing:
+            raise ValueError(f"missing or non-integer {', '.join(missing)}")
+        self._cfg = dict(cfg)
+        self._values = {**self._DEFAULTS, **cfg}
+        heads = self._values["num_attention_heads"]
+        self._values["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
+        self._values["head_dim"] = cfg.get("head_dim") or 128  # Qwen3Config's default
+        self._values["rope_parameters"] = cfg.get("rope_parameters") or {
+            "rope_type": "default", "rope_theta": float(cfg.get("rope_theta", 10000.0))}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._cfg)
+
+    @staticmethod
+    def covers(cfg: dict[str, Any]) -> bool:
+        rope = cfg.get("rope_parameters") or {}
+        return not cfg.get("rope_scaling") and rope.get("rope_type", "default") == "default"
+
+
+def qwen3_config(cfg: dict[str, Any]) -> Any:
+    """The Qwen3Config part of a draft's config dict (a `DraftConfig` where it covers it)."""
     kwargs = {k: v for k, v in cfg.items() if k not in _DFLASH_TOP_LEVEL}
+    if DraftConfig.covers(kwargs):
+        return DraftConfig(kwargs)
+    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+
     return Qwen3Config(**kwargs)
 
 
@@ -103,7 +143,7 @@ def load_draft(path: str | Path, dtype: torch.dtype | None = None,
     draft.load_state_dict(state, assign=True, strict=False)
     # the rotary buffers are not saved; rebuild them on the real device
     with torch.device(device):
-        draft.rotary_emb = type(draft.rotary_emb)(config)
+        draft.rotary_emb = rotary_embedding(config)
     return draft.to(dtype=dtype or file_dtype)
 
 
@@ -138,7 +178,12 @@ def _check_vocab(d2t: torch.Tensor, t2d: torch.Tensor, source: Path) -> None:
 
 
 def draft_config_dict(draft: DFlashDraft) -> dict[str, Any]:
-    cfg = draft.config.to_dict()
+    config = draft.config
+    if isinstance(config, DraftConfig):  # written as a whole Qwen3Config, as z-lab's loader expects
+        from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+
+        config = Qwen3Config(**config.to_dict())
+    cfg = config.to_dict()
     for key in ("transformers_version", "_name_or_path"):
         cfg.pop(key, None)
     cfg["architectures"] = [_SUPPORTED_ARCH]

@@ -17,24 +17,99 @@ stored, so the cache needs no crop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3Config,
-    Qwen3MLP,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-    rotate_half,
-)
 
 from dflash_robot.drafts.metadata import DraftMetadata
+
+# The draft's layers are Qwen3's (z-lab's checkpoints are Qwen3 configs), written here rather than
+# imported from transformers: importing `transformers.models.qwen3.modeling_qwen3` cost ~2.1 s of
+# every start (measured with `python -X importtime`, 2026-11-30), longer than loading the models.
+# `test_zlab_parity.py` holds them to the reference package's logits (built on transformers' own).
+Qwen3Config = Any  # transformers' Qwen3Config, or `DraftConfig` (checkpoint.py) with the same fields
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, heads, T, D], cos/sin [B, T, D] -> x rotated."""
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class Qwen3RMSNorm(nn.Module):
+    """transformers' Qwen3RMSNorm: normalized in fp32, then weight * x in the input dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"draft activation {config.hidden_act!r}: only silu is supported")
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_type(config: Qwen3Config) -> str:
+    rope = getattr(config, "rope_parameters", None) or {}
+    return str(rope.get("rope_type", rope.get("type", "default")))
+
+
+class Qwen3RotaryEmbedding(nn.Module):
+    """RoPE cos/sin for positions, as transformers' Qwen3RotaryEmbedding computes them for the
+    "default" rope type (no scaling); other types use transformers' own (`rotary_embedding`)."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        rope = getattr(config, "rope_parameters", None) or {}
+        base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        # on the CPU even inside `torch.device("meta")` (load_draft): the meta arange goes through
+        # torch._refs, whose import pulled in torch._dynamo (0.6 s of a start); the buffer follows x
+        exps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / dim
+        inv = 1.0 / (base ** exps)
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self.attention_scaling = 1.0
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # fp32 under bf16 training too
+            freqs = (inv.float() @ position_ids[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def rotary_embedding(config: Qwen3Config) -> nn.Module:
+    if rope_type(config) == "default":
+        return Qwen3RotaryEmbedding(config)
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding as HFRotary
+
+    return HFRotary(config)
 
 
 class DraftKVCache:
@@ -161,7 +236,7 @@ class DFlashDraft(nn.Module):
         self.norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self.fc = nn.Linear(len(metadata.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.rotary_emb = rotary_embedding(config)
         n = metadata.draft_vocab_size
         if n is not None:  # EAGLE-3 / SpecForge convention: target id = d + d2t[d]; t2d marks covered ids
             self.register_buffer("d2t", torch.zeros(n, dtype=torch.int64))
@@ -263,6 +338,8 @@ def build_draft(
     target_layer_ids follow z-lab's formula; the caller decides the mask token. A target
     without attention heads (a pure SSM) gets `num_heads` (default hidden // 64, at least 1).
     """
+    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+
     from dflash_robot.drafts.metadata import build_target_layer_ids, default_loss_decay
 
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config

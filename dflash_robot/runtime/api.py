@@ -33,8 +33,14 @@ from dflash_robot.runtime.policy import AdaptiveBlockSize, BlockSizePolicy
 from dflash_robot.runtime.proposer import DFlashProposer
 from dflash_robot.runtime.text import TextStream
 from dflash_robot.targets.base import TargetAdapter
-from dflash_robot.targets.factory import make_target_adapter
-from dflash_robot.targets.loading import check_device, default_target_path, load_target_model, parse_dtype
+from dflash_robot.targets.loading import (
+    _split_target_path,
+    check_device,
+    converted_dir,
+    default_target_path,
+    load_target_model,
+    parse_dtype,
+)
 
 DEFAULT_DRAFT = SHIPPED_DRAFT
 # The lean engine's weights when nothing is asked: "auto" = the GGUF's own Q4 blocks ("gguf") for a
@@ -79,25 +85,30 @@ class DFlashRuntime:
         engine keeps its own packed copies and leaves `target_model` untouched.
         `fast_linears` packs the fp32 CPU linears of both models for oneDNN, in place
         (`fastpath.py`); off by default here because it changes the caller's modules."""
+        from dflash_robot.targets.factory import make_target_adapter  # imports transformers
+
         target = make_target_adapter(target_model, rollback, engine, precision, gguf_file)
+        rt = cls._assemble(target, target_model, draft, tokenizer, prefill_chunk_size, fast_linears, precision)
+        rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears, precision=precision)
+        return rt
+
+    @classmethod
+    def _assemble(cls, target: TargetAdapter, target_model: Any, draft: DFlashDraft | None, tokenizer: Any,
+                  prefill_chunk_size: int, fast_linears: bool, precision: str) -> DFlashRuntime:
         proposer = None
         if draft is not None:
             check_compatible(draft, target)
-        if fast_linears:
+        if fast_linears and target_model is not None:
             from dflash_robot.targets.fastpath import pack_linears
             from dflash_robot.targets.hf import HFTargetAdapter
 
             if isinstance(target, HFTargetAdapter):  # includes the stateful adapter; lean packs its own
                 pack_linears(target_model)
-            if draft is not None:
-                pack_linears(draft)
+        # the draft is not packed: its lean forward (drafts/lean.py) keeps its own packed copies
         if draft is not None:
             proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head(),
                                       precision=draft_precision(precision))
-        rt = cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
-        rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears, precision=precision)
-        return rt
-
+        return cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
 
     @classmethod
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, *,
@@ -133,13 +144,27 @@ class DFlashRuntime:
         d_dtype = parse_dtype(draft_dtype) if draft_dtype is not None else torch_dtype
         d = None if no_draft else load_draft(draft or DEFAULT_DRAFT, dtype=d_dtype, device=draft_device or device)
         target_path = Path(target) if target else default_target_path()
-        model, tok = load_target_model(target_path, gguf_file, torch_dtype, device)
         gguf_path = str(target_path) if target_path.suffix == ".gguf" else (
             str(target_path / gguf_file) if gguf_file else None)
-        if precision == "auto":
-            precision = _auto_precision(model, engine, gguf_path, torch_dtype)
-        rt = cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears, engine=engine,
-                             precision=precision, gguf_file=gguf_path)
+        snap = _snapshot(target_path, gguf_file, engine, torch_dtype, device) if gguf_path else None
+        if snap is not None:  # the lean engine straight from the converted snapshot: no transformers
+            from dflash_robot.targets.lean import LeanTargetAdapter
+            from dflash_robot.targets.tokenizer import SnapshotTokenizer
+
+            if precision == "auto":
+                precision = _gguf_precision(gguf_path)
+            lean = LeanTargetAdapter.from_snapshot(
+                snap, precision, gguf_path, load_model=lambda: load_target_model(target_path, gguf_file, torch_dtype,
+                                                                                 device)[0])
+            rt = cls._assemble(lean, None, d, SnapshotTokenizer(snap), 512, fast_linears, precision)
+            rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears, precision=precision,
+                           snapshot=str(snap))
+        else:
+            model, tok = load_target_model(target_path, gguf_file, torch_dtype, device)
+            if precision == "auto":
+                precision = _auto_precision(model, engine, gguf_path, torch_dtype)
+            rt = cls.from_models(model, d, tok, rollback=rollback, fast_linears=fast_linears, engine=engine,
+                                 precision=precision, gguf_file=gguf_path)
         rt.info.update(target=str(target_path.resolve()), gguf_file=gguf_file, dtype=str(torch_dtype),
                        device=device, draft=str(Path(draft or DEFAULT_DRAFT).resolve()) if d is not None else None,
                        fast_linears=fast_linears)
@@ -186,7 +211,10 @@ class DFlashRuntime:
     def stop_token_ids(self, extra: Sequence[int] = ()) -> tuple[int, ...]:
         """`extra` plus every EOS the tokenizer, the model config and its generation config name."""
         ids = set(extra) | set(self.info.get("stop_token_ids", ()))
-        model = getattr(self.target, "model", None)
+        known = getattr(self.target, "eos_token_ids", None)  # a snapshot-built engine read them already
+        if known is not None:
+            ids |= set(known)
+        model = None if known is not None else getattr(self.target, "model", None)
         for src in (getattr(self.tokenizer, "eos_token_id", None),
                     getattr(getattr(model, "config", None), "eos_token_id", None),
                     getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
@@ -320,12 +348,36 @@ def draft_precision(target_precision: str) -> str:
     return {"fp32": "fp32", "bf16": "bf16"}.get(target_precision, "int8")
 
 
+def _snapshot(target_path: Path, gguf_file: str | None, engine: str, dtype: torch.dtype, device: str) -> Path | None:
+    """The converted snapshot of a GGUF target that the lean engine can start from without
+    transformers (`targets/snapshot.py`), when there is one; None sends the load the usual way."""
+    if engine not in ("auto", "lean") or dtype != torch.float32 or torch.device(device).type != "cpu":
+        return None
+    try:
+        directory, gguf = _split_target_path(target_path, gguf_file)
+    except DFlashError:
+        return None  # the usual path reports it
+    if not gguf or not (directory / gguf).is_file():
+        return None
+    from dflash_robot.targets.snapshot import eligible
+
+    snap = converted_dir(directory / gguf, dtype)
+    return snap if eligible(snap) else None
+
+
 def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch.dtype) -> str:
     """"gguf" where the lean engine runs an fp32-loaded GGUF target whose layers are Q4_0/Q4_1, else "fp32"."""
     from dflash_robot.targets.capabilities import is_stateful
     from dflash_robot.targets.lean import supports
 
     if gguf_path is None or engine == "hf" or dtype != torch.float32 or is_stateful(model) or not supports(model):
+        return "fp32"
+    return _gguf_precision(gguf_path)
+
+
+def _gguf_precision(gguf_path: str | None) -> str:
+    """"gguf" for a GGUF whose layers are Q4_0/Q4_1 (the int4 kernel runs them as stored), else "fp32"."""
+    if gguf_path is None:
         return "fp32"
     from dflash_robot.targets.gguf_weights import gguf_tensor_types
 

@@ -8,9 +8,22 @@
 - `loading`: a target model and tokenizer from a Hugging Face directory or a GGUF file.
 """
 
+from typing import Any
+
 from dflash_robot.targets.base import CacheSnapshot, ChunkedForwardAdapter, TargetAdapter, TargetOutput
-from dflash_robot.targets.factory import ENGINES, make_target_adapter
-from dflash_robot.targets.hf import HFTargetAdapter
+
+_LAZY = {"ENGINES": "factory", "make_target_adapter": "factory", "HFTargetAdapter": "hf"}
+
+
+def __getattr__(name: str) -> Any:
+    """`factory` and `hf` import transformers: loaded when first asked for, so that a start
+    that never needs transformers (targets/snapshot.py) does not pay for its import."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"dflash_robot.targets.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ENGINES", "CacheSnapshot", "ChunkedForwardAdapter", "HFTargetAdapter", "TargetAdapter", "TargetOutput",
            "make_target_adapter"]

@@ -26,6 +26,7 @@ bit for bit, and the DFlash guarantee holds against this engine's own greedy dec
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -123,6 +124,8 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
     `bench` use it); the engine keeps its own fused, packed copies of the layer weights.
     """
 
+    eos_token_ids: set[int] | None = None  # read from the snapshot's configs (`from_snapshot`); else None
+
     def __init__(self, model: Any, initial_capacity: int = 512, precision: str = "fp32",
                  gguf_file: str | None = None):
         """`precision` (`targets/quant.py`): how the layers' weights are stored and multiplied;
@@ -136,7 +139,8 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         if precision != "fp32" and model.get_input_embeddings().weight.dtype != torch.float32:
             raise UnsupportedModelError(f"precision {precision!r} quantizes an fp32 model; load the target in fp32")
         cfg = _text_config(model)
-        self.model = model.eval()
+        self._model: Any = model.eval()
+        self._load_model: Callable[[], Any] | None = None  # set by `from_snapshot`
         self.config = cfg
         emb: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[assignment]
         self.embed = emb.detach()
@@ -168,6 +172,29 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         self._cos = self._sin = torch.empty(0)
         self._len = 0
         self._ensure_capacity(self._initial_capacity)
+
+    @classmethod
+    def from_snapshot(cls, directory: str | Path, precision: str = "fp32", gguf_file: str | None = None,
+                      load_model: Callable[[], Any] | None = None, initial_capacity: int = 512
+                      ) -> LeanTargetAdapter:
+        """The engine built from a converted snapshot directory without transformers
+        (`snapshot.py`); `load_model()` gives the transformers model when `.model` is first read."""
+        from dflash_robot.targets.snapshot import SnapshotModel
+
+        snap = SnapshotModel(Path(directory))
+        adapter = cls(snap, initial_capacity, precision, gguf_file)
+        adapter._model, adapter._load_model = None, load_model
+        adapter.eos_token_ids = snap.eos_token_ids()
+        return adapter
+
+    @property
+    def model(self) -> Any:
+        """The transformers model (loaded on first use when the engine came from a snapshot)."""
+        if self._model is None:
+            if self._load_model is None:
+                raise UnsupportedModelError("this lean engine was built from a snapshot without a model loader")
+            self._model = self._load_model().eval()
+        return self._model
 
     # -- cache ---------------------------------------------------------------------------
     def _ensure_capacity(self, needed: int) -> None:
