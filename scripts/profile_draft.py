@@ -1,0 +1,62 @@
+"""The cost of one draft proposal: the module forward (`DFlashDraft.forward`) against the lean
+forward (`drafts/lean.py`) at each weight precision, on the default target and shipped draft.
+
+Usage: python scripts/profile_draft.py [--threads 2]
+
+One proposal after 200 tokens of context with 2 new context rows (a decode step), median of 50,
+argmax and the host transfer included. docs/BENCHMARKS.md (session 6) quotes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+
+from dflash_robot.runtime.api import DFlashRuntime
+from dflash_robot.runtime.proposer import DFlashProposer
+from dflash_robot.targets.fastpath import pack_linears
+
+
+def _set_context(prop: DFlashProposer, n: int) -> None:
+    if prop._lean is not None:
+        prop._lean.length = n
+    else:
+        assert prop._cache is not None
+        prop._cache.length = n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rt = DFlashRuntime.load()
+    base = rt.orchestrator.drafter
+    emb, head = rt.target.input_embedding_weight(), rt.target.output_head()
+    packed = copy.deepcopy(base.draft)
+    pack_linears(packed)  # session 5's path: the module with oneDNN-packed fp32 linears
+    variants = [("module, fp32", DFlashProposer(packed, emb, head, lean=False))]
+    variants += [(f"lean, {p}", DFlashProposer(base.draft, emb, head, precision=p))
+                 for p in ("fp32", "bf16", "int8", "int4")]
+    feats = torch.randn(200, base.draft.fc.in_features)
+    for name, prop in variants:
+        row = []
+        for q in (4, 16):
+            blk = torch.tensor([5] + [prop.metadata.mask_token_id] * (q - 1))
+            prop.reset()
+            prop.propose(feats, blk)  # 200 committed context rows
+            times: list[float] = []
+            for _ in range(60):  # each: a decode step with 2 new context rows, then back to 200
+                t0 = time.perf_counter()
+                prop.propose(feats[:2], blk).argmax(-1).tolist()
+                times.append(time.perf_counter() - t0)
+                _set_context(prop, 200)
+            row.append(f"block {q}: {sorted(times[10:])[25] * 1e3:.2f} ms")
+        print(f"{name:14s} " + "  ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
