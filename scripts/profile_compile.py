@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from dflash_robot.targets import lean as L
 from dflash_robot.targets.loading import _split_target_path, default_target_path, load_target_model
 
-
 TAPS = (1, 10, 14, 19, 27)
 
 

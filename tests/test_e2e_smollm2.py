@@ -159,25 +159,27 @@ def test_executorch_export_decodes_like_the_eager_fp32_engine(rt_fp32, tmp_path)
 
 
 def test_second_start_runs_from_the_snapshot_like_the_transformers_path(rt):
-    """After a first start, the default load builds the lean engine and tokenizer from the
-    converted snapshot (no transformers model): same tokenizer output as transformers', same
-    greedy tokens as the engine built from the transformers model, chain and AR."""
+    """After a first start (the fixture's: it converts, or reads the conversion through
+    transformers, and checks the snapshot tokenizer), a load builds the lean engine and tokenizer
+    from the converted snapshot, with no transformers model: the same tokenizer output as
+    transformers', the same greedy tokens as the engine built from the transformers model."""
     from transformers import AutoTokenizer
 
     from dflash_robot.targets.loading import default_target_path
 
-    assert rt.info.get("snapshot")  # the fixture's load found the snapshot the first start wrote
-    hf_tok = AutoTokenizer.from_pretrained(rt.info["snapshot"])
+    second = DFlashRuntime.load()
+    assert second.info.get("snapshot") and second.target._model is None  # no transformers model built
+    hf_tok = AutoTokenizer.from_pretrained(second.info["snapshot"])
     for text in (PROMPT, "héllo wörld 👋\n\n  two  spaces", ""):
-        assert chat_ids(rt.tokenizer, text) == chat_ids(hf_tok, text)
-        assert rt.tokenizer(text)["input_ids"] == hf_tok(text)["input_ids"]
-    via_hf = DFlashRuntime.from_models(rt.target.model, rt.draft, hf_tok, engine="lean", precision="gguf",
+        assert chat_ids(second.tokenizer, text) == chat_ids(hf_tok, text)
+        assert second.tokenizer(text)["input_ids"] == hf_tok(text)["input_ids"]
+    via_hf = DFlashRuntime.from_models(second.target.model, second.draft, hf_tok, engine="lean", precision="gguf",
                                        gguf_file=str(default_target_path()))
     ids = chat_ids(hf_tok, PROMPT)
     for block in (1, 4):
-        cfg = GenerationConfig(max_new_tokens=48, block_size=block, stop_token_ids=rt.stop_token_ids())
-        assert rt.orchestrator.generate(ids, cfg).token_ids == via_hf.orchestrator.generate(ids, cfg).token_ids
-    assert rt.stop_token_ids() == via_hf.stop_token_ids()
+        cfg = GenerationConfig(max_new_tokens=48, block_size=block, stop_token_ids=second.stop_token_ids())
+        assert second.orchestrator.generate(ids, cfg).token_ids == via_hf.orchestrator.generate(ids, cfg).token_ids
+    assert second.stop_token_ids() == via_hf.stop_token_ids()
 
 
 def test_second_start_imports_no_transformers(rt):

@@ -71,3 +71,39 @@ def test_the_runtime_picks_the_draft_precision_from_the_target():
     assert draft_precision("gguf") == draft_precision("int4") == "int8"
     rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"), engine="lean", precision="int8")
     assert rt.orchestrator.drafter._lean.precision == "int8"
+
+
+def test_a_draft_the_lean_forward_does_not_cover_runs_the_module():
+    """Attention biases (none in z-lab drafts, allowed by the config): the proposer keeps the
+    module's forward, and decoding stays lossless."""
+    import copy
+
+    from dflash_robot.drafts.lean import LeanDraftForward
+
+    draft = copy.deepcopy(trained_draft("llama"))
+    attn = draft.layers[1].self_attn
+    attn.o_proj.bias = torch.nn.Parameter(torch.full((attn.o_proj.out_features,), 0.01))
+    assert LeanDraftForward.unsupported_reason(draft) == "attention biases"
+    rt = DFlashRuntime.from_models(taught_target("llama"), draft)
+    assert rt.orchestrator.drafter._lean is None
+    prompt = random_prompt(12, 80)
+    res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=30, block_size=8))
+    assert res.token_ids == plain_greedy_cached("llama", tuple(prompt), 30)
+
+
+@pytest.mark.parametrize("extra", [{}, {"num_key_value_heads": None}, {"num_key_value_heads": 2, "head_dim": 16},
+                                   {"rope_theta": 5e5}, {"rope_parameters": {"type": "default", "rope_theta": 1e4}}])
+def test_draft_config_reads_like_transformers_qwen3_config(extra):
+    """`DraftConfig` (read without transformers) gives the fields the draft's shapes and RoPE
+    come from exactly as transformers' Qwen3Config does, defaults included."""
+    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+
+    from dflash_robot.drafts.checkpoint import DraftConfig
+
+    cfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "vocab_size": 100, **extra}
+    ours, ref = DraftConfig(cfg), Qwen3Config(**cfg)
+    for name in ("num_key_value_heads", "head_dim", "rms_norm_eps", "attention_bias", "hidden_act",
+                 "max_position_embeddings", "intermediate_size"):
+        assert getattr(ours, name) == getattr(ref, name), name
+    assert ours.rope_parameters["rope_theta"] == ref.rope_parameters["rope_theta"]

@@ -5,17 +5,21 @@ import json
 
 import pytest
 import torch
-from tiny import VOCAB, make_config, taught_target
+from tiny import VOCAB, char_tokenizer, make_config, taught_target
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dflash_robot.targets.lean import LeanTargetAdapter
-from dflash_robot.targets.snapshot import eligible
+from dflash_robot.targets.snapshot import eligible, open_snapshot
+from dflash_robot.targets.tokenizer import MARKER, verify_against
 
 
 def _snapshot(model, path, tokenizer=True):
+    """What loading.py writes: the model, its tokenizer, and the tokenizer check's marker."""
     model.save_pretrained(str(path))
-    if tokenizer:  # eligible() wants a tokenizer.json; its content is not read here
-        (path / "tokenizer.json").write_text("{}")
+    if tokenizer:
+        tok = char_tokenizer()
+        tok.save_pretrained(str(path))
+        assert verify_against(tok, path)
     return path
 
 
@@ -50,6 +54,23 @@ def test_eos_ids_come_from_both_configs(tmp_path):
     assert LeanTargetAdapter.from_snapshot(snap).eos_token_ids == {3, 7}
 
 
+def test_snapshot_tokenizer_matches_transformers_and_the_check_can_fail(tmp_path):
+    snap = _snapshot(taught_target("llama"), tmp_path / "m")
+    model, ours = open_snapshot(snap)
+    ref = char_tokenizer()
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, World"}]
+    assert ours.apply_chat_template(chat, add_generation_prompt=True)["input_ids"] == \
+        list(ref.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"])
+    assert ours("abc")["input_ids"] == ref("abc")["input_ids"] and ours.eos_token_id == ref.eos_token_id
+    other = char_tokenizer()  # a different template: the check must say no, and the snapshot path step aside
+    other.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert not verify_against(other, snap) and not eligible(snap)
+    assert json.loads((snap / MARKER).read_text())["verified"] is False
+    assert verify_against(ref, snap) and eligible(snap)
+    (snap / "tokenizer.json").write_text("{not json")  # damaged after the check: step aside, no crash
+    assert not eligible(snap)
+
+
 def test_snapshots_the_path_does_not_cover(tmp_path):
     assert not eligible(_snapshot(taught_target("llama"), tmp_path / "notok", tokenizer=False))
     assert not eligible(_snapshot(taught_target("gemma3"), tmp_path / "gemma"))  # not a lean architecture
@@ -57,3 +78,19 @@ def test_snapshots_the_path_does_not_cover(tmp_path):
     cfg["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     assert not eligible(_snapshot(LlamaForCausalLM(LlamaConfig(**cfg)).eval(), tmp_path / "rope"))
     assert not eligible(tmp_path / "missing")
+    snap = _snapshot(taught_target("llama"), tmp_path / "partial")
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(snap / "model.safetensors"))
+    del state["model.layers.1.mlp.down_proj.weight"]
+    save_file(state, str(snap / "model.safetensors"), metadata={"format": "pt"})
+    assert not eligible(snap)  # a missing weight: the transformers path, which reports it
+
+
+def test_a_bad_rollback_is_refused_before_loading(monkeypatch):
+    from dflash_robot.errors import ConfigError
+    from dflash_robot.runtime import api
+
+    monkeypatch.setattr(api, "load_draft", lambda *a, **k: pytest.fail("loaded a draft first"))
+    with pytest.raises(ConfigError, match="rollback"):
+        api.DFlashRuntime.load(rollback="bogus")

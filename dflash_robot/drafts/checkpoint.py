@@ -78,8 +78,10 @@ class DraftConfig:
         self._cfg = dict(cfg)
         self._values = {**self._DEFAULTS, **cfg}
         heads = self._values["num_attention_heads"]
-        self._values["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
-        self._values["head_dim"] = cfg.get("head_dim") or 128  # Qwen3Config's default
+        # Qwen3Config's defaults: 32 KV heads and head_dim 128 when absent; KV heads None = all heads
+        kv = cfg["num_key_value_heads"] if "num_key_value_heads" in cfg else 32
+        self._values["num_key_value_heads"] = heads if kv is None else kv
+        self._values["head_dim"] = cfg["head_dim"] if "head_dim" in cfg else 128
         self._values["rope_parameters"] = cfg.get("rope_parameters") or {
             "rope_type": "default", "rope_theta": float(cfg.get("rope_theta", 10000.0))}
 
@@ -95,7 +97,7 @@ class DraftConfig:
     @staticmethod
     def covers(cfg: dict[str, Any]) -> bool:
         rope = cfg.get("rope_parameters") or {}
-        return not cfg.get("rope_scaling") and rope.get("rope_type", "default") == "default"
+        return not cfg.get("rope_scaling") and rope.get("rope_type", rope.get("type", "default")) == "default"
 
 
 def qwen3_config(cfg: dict[str, Any]) -> Any:

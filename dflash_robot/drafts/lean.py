@@ -67,13 +67,29 @@ class LeanDraftForward:
     plus the c new context rows, commits those c rows and returns the final-normed block
     states [q, H]. `reset()` starts a new sequence."""
 
+    @staticmethod
+    def unsupported_reason(draft: DFlashDraft) -> str | None:
+        """None when this forward computes what the module computes; otherwise why not (the
+        proposer then runs the module)."""
+        from dflash_robot.drafts.model import rope_type
+
+        m: Any = draft
+        if any(getattr(layer.self_attn, n).bias is not None for layer in m.layers
+               for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            return "attention biases"
+        if getattr(draft.config, "hidden_act", "silu") != "silu":
+            return f"activation {draft.config.hidden_act!r}"
+        if rope_type(draft.config) != "default":
+            return f"RoPE type {rope_type(draft.config)!r}"
+        return None
+
     def __init__(self, draft: DFlashDraft, precision: str = "fp32", capacity: int = 1024):
         """`precision` of the products' weights (`targets/quant.py`: fp32, bf16, int8, int4) for an
         fp32 draft on CPU; other drafts multiply in their own dtype."""
+        reason = self.unsupported_reason(draft)
+        if reason is not None:
+            raise ValueError(f"LeanDraftForward: {reason}")
         m: Any = draft  # its submodules, untyped
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if getattr(m.layers[0].self_attn, name).bias is not None:
-                raise ValueError("LeanDraftForward: attention biases are not supported")  # none in z-lab drafts
         cfg = draft.config
         attn = m.layers[0].self_attn
         self.nh, self.nkv, self.d = int(attn.num_heads), int(attn.num_kv_heads), int(attn.head_dim)

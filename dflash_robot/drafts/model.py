@@ -60,15 +60,20 @@ class Qwen3RMSNorm(nn.Module):
 class Qwen3MLP(nn.Module):
     def __init__(self, config: Qwen3Config):
         super().__init__()
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"draft activation {config.hidden_act!r}: only silu is supported")
         h, i = config.hidden_size, config.intermediate_size
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
+        act = getattr(config, "hidden_act", "silu")
+        if act == "silu":
+            self.act_fn = F.silu
+        else:  # as transformers' Qwen3MLP: its activation table (imported only for these drafts)
+            from transformers.activations import ACT2FN
+
+            self.act_fn = ACT2FN[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 def rope_type(config: Qwen3Config) -> str:
@@ -87,10 +92,11 @@ class Qwen3RotaryEmbedding(nn.Module):
         rope = getattr(config, "rope_parameters", None) or {}
         base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        # on the CPU even inside `torch.device("meta")` (load_draft): the meta arange goes through
-        # torch._refs, whose import pulled in torch._dynamo (0.6 s of a start); the buffer follows x
+        # built on the CPU even inside `torch.device("meta")` (load_draft): the meta arange goes
+        # through torch._refs, whose import pulled in torch._dynamo (0.6 s of a start); then moved
+        # to the device the module is being built on
         exps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / dim
-        inv = 1.0 / (base ** exps)
+        inv = (1.0 / (base ** exps)).to(torch.get_default_device())  # a copy is no factory call
         self.register_buffer("inv_freq", inv, persistent=False)
         self.attention_scaling = 1.0
 

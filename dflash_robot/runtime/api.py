@@ -32,7 +32,7 @@ from dflash_robot.runtime.orchestrator import GenerationResult, RuntimeOrchestra
 from dflash_robot.runtime.policy import AdaptiveBlockSize, BlockSizePolicy
 from dflash_robot.runtime.proposer import DFlashProposer
 from dflash_robot.runtime.text import TextStream
-from dflash_robot.targets.base import TargetAdapter
+from dflash_robot.targets.base import ROLLBACKS, TargetAdapter
 from dflash_robot.targets.loading import (
     _split_target_path,
     check_device,
@@ -139,6 +139,9 @@ class DFlashRuntime:
         if precision != "auto":
             check_precision(precision)
         torch_dtype = parse_dtype(dtype)
+        check_device(device)  # before any loading, on every path
+        if rollback is not None and rollback not in ROLLBACKS:
+            raise ConfigError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
         if draft_device is not None:
             check_device(draft_device)
         d_dtype = parse_dtype(draft_dtype) if draft_dtype is not None else torch_dtype
@@ -149,16 +152,16 @@ class DFlashRuntime:
         snap = _snapshot(target_path, gguf_file, engine, torch_dtype, device) if gguf_path else None
         if snap is not None:  # the lean engine straight from the converted snapshot: no transformers
             from dflash_robot.targets.lean import LeanTargetAdapter
-            from dflash_robot.targets.tokenizer import SnapshotTokenizer
 
+            snap_model, snap_tok = snap
             if precision == "auto":
                 precision = _gguf_precision(gguf_path)
             lean = LeanTargetAdapter.from_snapshot(
-                snap, precision, gguf_path, load_model=lambda: load_target_model(target_path, gguf_file, torch_dtype,
-                                                                                 device)[0])
-            rt = cls._assemble(lean, None, d, SnapshotTokenizer(snap), 512, fast_linears, precision)
+                snap_model, precision, gguf_path,
+                load_model=lambda: load_target_model(target_path, gguf_file, torch_dtype, device)[0])
+            rt = cls._assemble(lean, None, d, snap_tok, 512, fast_linears, precision)
             rt.info.update(engine=engine, rollback=rollback, fast_linears=fast_linears, precision=precision,
-                           snapshot=str(snap))
+                           snapshot=str(snap_model.directory))
         else:
             model, tok = load_target_model(target_path, gguf_file, torch_dtype, device)
             if precision == "auto":
@@ -312,7 +315,8 @@ class DFlashRuntime:
                          str(self.target.dtype), str(i.get("precision")), str(self.target.device),
                          f"threads {torch.get_num_threads()}",
                          platform.machine(), platform.processor() or "?", _cpu_model(), str(i.get("target")),
-                         str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}"])
+                         str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}",
+                         f"draft forward {_draft_forward(self)}"])
 
     def adaptive_policy(self, cost_cache: str | Path | None = DEFAULT_COST_CACHE,
                         progress: Any = None, tree_budgets: Sequence[int] = ()) -> AdaptiveBlockSize:
@@ -340,6 +344,12 @@ class DFlashRuntime:
         return AdaptiveBlockSize(self._costs, top, tree_costs=tree_costs)
 
 
+def _draft_forward(rt: DFlashRuntime) -> str:
+    """How the draft runs (part of the cost-curve key: session 6 made it 2-3x cheaper)."""
+    lean = getattr(rt.orchestrator.drafter, "_lean", None)
+    return "module" if lean is None else f"lean {lean.precision}"
+
+
 def draft_precision(target_precision: str) -> str:
     """The draft's weights for a target at `target_precision` (`drafts/lean.py`): quantized targets
     get an int8 draft. Measured 2026-11-30 on the shipped SmolLM2 draft (2 threads): a block-4
@@ -348,9 +358,11 @@ def draft_precision(target_precision: str) -> str:
     return {"fp32": "fp32", "bf16": "bf16"}.get(target_precision, "int8")
 
 
-def _snapshot(target_path: Path, gguf_file: str | None, engine: str, dtype: torch.dtype, device: str) -> Path | None:
-    """The converted snapshot of a GGUF target that the lean engine can start from without
-    transformers (`targets/snapshot.py`), when there is one; None sends the load the usual way."""
+def _snapshot(target_path: Path, gguf_file: str | None, engine: str, dtype: torch.dtype, device: str
+              ) -> tuple[Any, Any] | None:
+    """(model, tokenizer) of the converted snapshot of a GGUF target that the lean engine can start
+    from without transformers (`targets/snapshot.py`), when there is one; None sends the load the
+    usual way."""
     if engine not in ("auto", "lean") or dtype != torch.float32 or torch.device(device).type != "cpu":
         return None
     try:
@@ -359,10 +371,9 @@ def _snapshot(target_path: Path, gguf_file: str | None, engine: str, dtype: torc
         return None  # the usual path reports it
     if not gguf or not (directory / gguf).is_file():
         return None
-    from dflash_robot.targets.snapshot import eligible
+    from dflash_robot.targets.snapshot import open_snapshot
 
-    snap = converted_dir(directory / gguf, dtype)
-    return snap if eligible(snap) else None
+    return open_snapshot(converted_dir(directory / gguf, dtype))
 
 
 def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch.dtype) -> str:

@@ -44,6 +44,12 @@ class FeatureMirror:
         return x.to(device=self.device, dtype=self.dtype, non_blocking=True)
 
 
+def _lean_supported(draft: DFlashDraft) -> bool:
+    from dflash_robot.drafts.lean import LeanDraftForward
+
+    return LeanDraftForward.unsupported_reason(draft) is None
+
+
 class DFlashProposer:
     """Draft logits for a block `[last, mask, ..., mask]`, in one non-causal forward.
 
@@ -56,7 +62,9 @@ class DFlashProposer:
                  precision: str = "fp32"):
         """`lean` runs the draft through `LeanDraftForward` (`drafts/lean.py`: the same function in
         fewer operations); False runs the module itself (`DFlashDraft.forward`). `precision`: the
-        lean forward's weights (`targets/quant.py`; the head's draft-vocabulary rows are bf16 below fp32)."""
+        lean forward's weights (`targets/quant.py`; the head's draft-vocabulary rows are bf16 below fp32).
+        The lean forward and the head keep copies of the weights made here: build the proposer
+        after training the draft, not before."""
         self.draft = draft.eval()
         self.metadata = draft.metadata
         p = draft.fc.weight
@@ -73,7 +81,8 @@ class DFlashProposer:
             w, b = draft.head_weight(head)
             w = w.detach().to(p.device, p.dtype).contiguous()
             b = None if b is None else b.detach().to(p.device, p.dtype)
-            if lean and precision != "fp32" and p.dtype == torch.float32 and p.device.type == "cpu":
+            if lean and precision != "fp32" and p.dtype == torch.float32 and p.device.type == "cpu" and \
+                    _lean_supported(draft):
                 from dflash_robot.targets.quant import make_linear
 
                 self._sub_head = make_linear(w, b, "bf16")  # as the target's head: bf16 below fp32
@@ -85,7 +94,8 @@ class DFlashProposer:
         if lean:
             from dflash_robot.drafts.lean import LeanDraftForward
 
-            self._lean = LeanDraftForward(draft, precision)
+            if LeanDraftForward.unsupported_reason(draft) is None:  # else the module runs (same function)
+                self._lean = LeanDraftForward(draft, precision)
 
     def reset(self) -> None:
         if self._lean is not None:

@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+ROLLBACKS = ("replay", "capture")  # how a stateful (hybrid) target rolls back: targets/stateful.py
+
 
 @dataclass
 class TargetOutput:

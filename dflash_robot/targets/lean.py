@@ -174,14 +174,15 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         self._ensure_capacity(self._initial_capacity)
 
     @classmethod
-    def from_snapshot(cls, directory: str | Path, precision: str = "fp32", gguf_file: str | None = None,
+    def from_snapshot(cls, snapshot: Any, precision: str = "fp32", gguf_file: str | None = None,
                       load_model: Callable[[], Any] | None = None, initial_capacity: int = 512
                       ) -> LeanTargetAdapter:
-        """The engine built from a converted snapshot directory without transformers
-        (`snapshot.py`); `load_model()` gives the transformers model when `.model` is first read."""
+        """The engine built from a converted snapshot without transformers (`snapshot.py`): a
+        `SnapshotModel` or its directory. `load_model()` gives the transformers model when `.model`
+        is first read."""
         from dflash_robot.targets.snapshot import SnapshotModel
 
-        snap = SnapshotModel(Path(directory))
+        snap = snapshot if isinstance(snapshot, SnapshotModel) else SnapshotModel(Path(snapshot))
         adapter = cls(snap, initial_capacity, precision, gguf_file)
         adapter._model, adapter._load_model = None, load_model
         adapter.eos_token_ids = snap.eos_token_ids()

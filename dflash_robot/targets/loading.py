@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dflash_robot.errors import ConfigError, TargetLoadError
+from dflash_robot.targets.tokenizer import MARKER, verify_against
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -140,9 +141,13 @@ def load_target_model(path: str | Path, gguf_file: str | None = None, dtype: str
     cached = converted_dir(directory / gguf, torch_dtype) if gguf and cache else None
     if cached is not None and (cached / "config.json").is_file():
         model, tokenizer = _from_pretrained(cached, None, torch_dtype)
+        if tokenizer is not None and not (cached / MARKER).is_file():  # a snapshot from before the check
+            verify_against(tokenizer, cached)
     else:
         model, tokenizer = _from_pretrained(directory, gguf, torch_dtype)
         if cached is not None:
             _save_converted(model, tokenizer, cached)
+            if tokenizer is not None and (cached / "config.json").is_file():
+                verify_against(tokenizer, cached)  # may later start without transformers (snapshot.py)
     model = model.to(device=device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     return model, tokenizer

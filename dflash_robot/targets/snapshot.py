@@ -45,21 +45,32 @@ def snapshot_config(directory: Path) -> dict[str, Any] | None:
     return cfg if isinstance(cfg, dict) else None
 
 
-def eligible(directory: Path) -> bool:
-    """The snapshot is complete, and its model is one the snapshot path builds: a lean-engine
-    architecture (`lean.unsupported_reason`) with the default RoPE and a tokenizer.json."""
+def open_snapshot(directory: Path) -> tuple[SnapshotModel, Any] | None:
+    """(the snapshot's model, its `SnapshotTokenizer`) when the lean engine can start from it
+    without transformers: complete, a lean-engine architecture (`lean.unsupported_reason`) with the
+    default RoPE, every weight present, and a tokenizer verified against transformers' own
+    (`tokenizer.verify_against`). None otherwise: the caller takes the transformers path, which
+    also reports whatever is wrong."""
     from dflash_robot.targets.lean import unsupported_reason
+    from dflash_robot.targets.tokenizer import SnapshotTokenizer, verified
 
     cfg = snapshot_config(directory)
-    if cfg is None or not (directory / "model.safetensors").is_file() or not (directory / "tokenizer.json").is_file():
-        return False
+    if cfg is None or not (directory / "model.safetensors").is_file() or not verified(directory):
+        return None
     rope = cfg.get("rope_parameters") or {}
-    if cfg.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        return False
+    if cfg.get("rope_scaling") or rope.get("rope_type", rope.get("type", "default")) != "default":
+        return None
     try:
-        return unsupported_reason(SnapshotModel(directory, cfg)) is None
-    except (KeyError, OSError, ValueError, TypeError):
-        return False
+        model = SnapshotModel(directory, cfg)
+        if unsupported_reason(model) is not None:
+            return None
+        return model, SnapshotTokenizer(directory)
+    except Exception:  # noqa: BLE001 - a damaged snapshot (any reader error) only costs the fast path
+        return None
+
+
+def eligible(directory: Path) -> bool:
+    return open_snapshot(directory) is not None
 
 
 class SnapshotModel:
@@ -89,6 +100,14 @@ class SnapshotModel:
             x = t(prefix + ".weight")
             return None if x is None else SimpleNamespace(weight=x)
 
+        required = ["model.embed_tokens.weight", "model.norm.weight"] + [
+            f"model.layers.{i}.{n}.weight" for i in range(int(cfg["num_hidden_layers"])) for n in (
+                "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+        missing = [n for n in required if n not in names]
+        if missing:
+            raise KeyError(f"{directory}: the snapshot lacks {missing[:3]}")
+
         layers = []
         for i in range(int(cfg["num_hidden_layers"])):
             p = f"model.layers.{i}."
@@ -101,8 +120,6 @@ class SnapshotModel:
             layers.append(SimpleNamespace(self_attn=attn, mlp=mlp, input_layernorm=norm(p + "input_layernorm"),
                                           post_attention_layernorm=norm(p + "post_attention_layernorm")))
         embed = t("model.embed_tokens.weight")
-        if embed is None:
-            raise KeyError(f"{directory}: no model.embed_tokens.weight")
         self._embed = SimpleNamespace(weight=embed)
         head = t("lm_head.weight")
         tied = cfg.get("tie_word_embeddings", True) or head is None

@@ -43,11 +43,11 @@ from transformers.cache_utils import (
 )
 
 from dflash_robot.errors import ConfigError, UnsupportedModelError
-from dflash_robot.targets.base import CacheSnapshot, TargetOutput
+from dflash_robot.targets.base import ROLLBACKS, CacheSnapshot, TargetOutput
 from dflash_robot.targets.capabilities import new_cache
 from dflash_robot.targets.hf import HFTargetAdapter
 
-ROLLBACKS = ("replay", "capture")
+__all__ = ["DEFAULT_ROLLBACK", "ROLLBACKS", "StatefulTargetAdapter"]
 #: measured default (docs/ARCHITECTURE.md, scripts/profile_hybrid.py)
 DEFAULT_ROLLBACK = "capture"
 
