@@ -45,7 +45,7 @@ def main() -> None:
         x = F.embedding(ids, eng.embed)
         for i, layer in enumerate(eng.layers):
             qkv = layer.qkv(L._rms(x, layer.ln1, eng.eps))
-            qk = eng._rope(qkv[:, :(nh + nkv) * dd].view(t, nh + nkv, dd), cos, sin)
+            qk = L.rope(qkv[:, :(nh + nkv) * dd].view(t, nh + nkv, dd), cos, sin)
             q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, (nh + nkv) * dd:].view(t, nkv, dd)
             eng._k[i][:, start:end] = k.transpose(0, 1)
             eng._v[i][:, start:end] = v.transpose(0, 1)

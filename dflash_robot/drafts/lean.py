@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.targets.lean import rope, rope_tables
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -124,12 +125,8 @@ class LeanDraftForward:
         for old, new in zip(self._k + self._v, new_k + new_v, strict=False):  # none at first
             new[:, :, :self.length] = old[:, :, :self.length]
         self._k, self._v = new_k, new_v
-        freqs = torch.arange(cap, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq[None, :]
-        ang = torch.cat([freqs, freqs], dim=-1)
-        half = ang.shape[-1] // 2
-        self._cos = (ang.cos() * self._rope_scale).to(self.dtype)[:, None, :]  # [cap, 1, d]
-        sin = (ang.sin() * self._rope_scale).to(self.dtype)
-        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)[:, None, :]  # rotate_half's sign
+        cos, sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
+        self._cos, self._sin = cos[:, None, :], sin[:, None, :]  # [cap, 1, d]
         self._capacity = cap
 
     @torch.inference_mode()
@@ -146,7 +143,7 @@ class LeanDraftForward:
             rows = torch.cat([ctx, F.rms_norm(h, layer.ln1.shape, layer.ln1, eps)])  # [c + q, H]
             y = layer.qkv(rows)
             qk = F.rms_norm(y[:, :(nh + nkv) * d].view(c + q, nh + nkv, d), (d,), None, eps) * layer.qk_norm
-            qk = qk * cos + torch.roll(qk, d // 2, dims=-1) * sin
+            qk = rope(qk, cos, sin)
             kc, vc = self._k[i], self._v[i]
             kc[0, :, start:end] = qk[:, nh:].transpose(0, 1)
             vc[0, :, start:end] = y[:, (nh + nkv) * d:].view(c + q, nkv, d).transpose(0, 1)

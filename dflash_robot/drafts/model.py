@@ -92,11 +92,11 @@ class Qwen3RotaryEmbedding(nn.Module):
         rope = getattr(config, "rope_parameters", None) or {}
         base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        # built on the CPU even inside `torch.device("meta")` (load_draft): the meta arange goes
-        # through torch._refs, whose import pulled in torch._dynamo (0.6 s of a start); then moved
-        # to the device the module is being built on
-        exps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / dim
-        inv = (1.0 / (base ** exps)).to(torch.get_default_device())  # a copy is no factory call
+        from dflash_robot.targets.lean import default_inv_freq
+
+        # built on the CPU even inside `torch.device("meta")` (load_draft), then moved to the device
+        # the module is being built on (a copy is no factory call)
+        inv = default_inv_freq(base, dim).to(torch.get_default_device())
         self.register_buffer("inv_freq", inv, persistent=False)
         self.attention_scaling = 1.0
 

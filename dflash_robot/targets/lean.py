@@ -93,6 +93,29 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return torch.matmul(torch.softmax(s, dim=-1), v.double()).to(q.dtype)
 
 
+def default_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    """RoPE's inverse frequencies for the "default" type, as transformers computes them, on the
+    CPU whatever the default device (a meta-device arange imports torch._dynamo: 0.6 s of a start)."""
+    exps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / dim
+    return 1.0 / (theta ** exps)
+
+
+def rope_tables(inv_freq: torch.Tensor, scale: float, n: int, dtype: torch.dtype, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, D] for positions 0..n-1, with rotate_half's sign folded into sin (for `rope`)."""
+    freqs = torch.arange(n, dtype=torch.float32, device=device)[:, None] * inv_freq.to(device, torch.float32)[None]
+    ang = torch.cat([freqs, freqs], dim=-1)
+    half = ang.shape[-1] // 2
+    sin = (ang.sin() * scale).to(dtype)
+    return (ang.cos() * scale).to(dtype), torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half's sign already in `sin` (`rope_tables`):
+    [-x2, x1] * [s1, s2] == [x2, x1] * [-s1, s2] exactly, and [x2, x1] is one roll."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
@@ -210,25 +233,13 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         for old, new in zip(self._k + self._v, new_k + new_v, strict=False):  # none at first
             new[:, :self._len] = old[:, :self._len]
         self._k, self._v = new_k, new_v
-        pos = torch.arange(cap, dtype=torch.float32, device=self.device)
-        freqs = pos[:, None] * self._inv_freq.to(self.device)[None, :]
-        ang = torch.cat([freqs, freqs], dim=-1)
-        half = ang.shape[-1] // 2
-        self._cos = (ang.cos() * self._rope_scale).to(self.dtype)
-        sin = (ang.sin() * self._rope_scale).to(self.dtype)
-        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+        self._cos, self._sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
         self._capacity = cap
 
     def reset(self) -> None:
         self._len = 0
 
     # -- forward -------------------------------------------------------------------------
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x * cos + rotate_half(x) * sin, with rotate_half's sign already in `sin` (`_sin`):
-        [-x2, x1] * [s1, s2] == [x2, x1] * [-s1, s2] exactly, and [x2, x1] is one roll."""
-        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
-
     def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
         src = torch.tensor(kept_nodes, device=self.device) + base
         n = len(kept_nodes)
@@ -267,7 +278,7 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
             h = _rms(x, layer.ln1, self.eps)
             qkv = layer.qkv(h)
             if layer.q_norm is None and layer.k_norm is None:  # RoPE on q and k heads in one pass
-                qk = self._rope(qkv[:, :(nh + nkv) * d].view(t, nh + nkv, d), cos, sin)
+                qk = rope(qkv[:, :(nh + nkv) * d].view(t, nh + nkv, d), cos, sin)
                 q, k = qk[:, :nh], qk[:, nh:]
             else:
                 q, k = qkv[:, :nh * d].view(t, nh, d), qkv[:, nh * d:(nh + nkv) * d].view(t, nkv, d)
@@ -275,7 +286,7 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
                     q = _rms(q, layer.q_norm, self.eps)
                 if layer.k_norm is not None:
                     k = _rms(k, layer.k_norm, self.eps)
-                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
             v = qkv[:, (nh + nkv) * d:].view(t, nkv, d)
             kc, vc = self._k[i], self._v[i]
             kc[:, start:end] = k.transpose(0, 1)

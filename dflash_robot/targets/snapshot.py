@@ -127,7 +127,9 @@ class SnapshotModel:
         d = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
         rope = cfg.get("rope_parameters") or {}
         base = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype=torch.float) / d))
+        from dflash_robot.targets.lean import default_inv_freq
+
+        inv_freq = default_inv_freq(base, d)
         self.model = SimpleNamespace(layers=layers, norm=norm("model.norm"),
                                      rotary_emb=SimpleNamespace(inv_freq=inv_freq, attention_scaling=1.0))
 
