@@ -331,7 +331,8 @@ def to_markdown(report: dict[str, Any]) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads; torch {m['torch']}, "
              f"transformers {m['transformers']}, dflash-robot {m['dflash_robot']} ({m.get('git_commit')}).",
              f"Target: {m.get('target')}; draft: {m.get('draft')}; dtype {m.get('dtype')}; "
-             f"target engine: {m.get('engine', 'HFTargetAdapter')} (weights: {m.get('precision', 'fp32')}); "
+             f"target engine: {m.get('engine', 'HFTargetAdapter')} (weights: {m.get('precision', 'fp32')}, "
+             f"kernels: {m.get('kernels', 'torch')}); "
              f"oneDNN-packed linears: {m.get('fast_linears')}; "
              "greedy; "
              f"max {m['max_new_tokens']} new tokens; {m['limit']} prompts per dataset (seed {m['seed']}).",

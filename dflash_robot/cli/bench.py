@@ -127,6 +127,7 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
     meta = {"target": str(target), "draft": draft_name,
             "dtype": args.dtype, "device": args.device, "fast_linears": not args.no_fast_linears,
             "engine": type(rt.target).__name__, "precision": rt.info.get("precision"),
+            "kernels": rt.info.get("kernels"),
             "command": "dflash-robot " + " ".join(sys.argv[1:])}
     report = run_bench(rt, cfg, costs, meta, tree_costs)
     paths = write_outputs(report, out, plots=not args.no_plots)

@@ -56,7 +56,9 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
                        help="target engine: transformers' forward (hf), the lean Llama/Qwen2/Qwen3 forward "
                             "(lean), or an ExecuTorch export (executorch: --target is the directory `dflash-robot "
                             "export executorch` wrote, which holds the draft too); auto = lean where supported, "
-                            "else hf")
+                            "else hf. On the CPU the lean engine runs its fused C++ kernels (norms, RoPE, "
+                            "attention), built once per machine with g++ into ~/.cache/dflash-robot/kernels; "
+                            "DFLASH_ROBOT_KERNELS=0 runs its torch path instead")
         g.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default=None,
                        help="weights of the lean engine: fp32, bf16, int8 (per channel), int4 (groups of 32), or "
                             "gguf (the GGUF target's own Q4_0/Q4_1 blocks as int4); products other than fp32 take "

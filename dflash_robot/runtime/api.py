@@ -108,7 +108,9 @@ class DFlashRuntime:
         if draft is not None:
             proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head(),
                                       precision=draft_precision(precision))
-        return cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
+        rt = cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
+        rt.info["kernels"] = "fused" if getattr(target, "fused_kernels", False) else "torch"
+        return rt
 
     @classmethod
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, *,
@@ -316,7 +318,7 @@ class DFlashRuntime:
                          f"threads {torch.get_num_threads()}",
                          platform.machine(), platform.processor() or "?", _cpu_model(), str(i.get("target")),
                          str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}",
-                         f"draft forward {_draft_forward(self)}"])
+                         f"draft forward {_draft_forward(self)}", f"kernels {_kernels(self.target)}"])
 
     def adaptive_policy(self, cost_cache: str | Path | None = DEFAULT_COST_CACHE,
                         progress: Any = None, tree_budgets: Sequence[int] = ()) -> AdaptiveBlockSize:
@@ -395,6 +397,15 @@ def _gguf_precision(gguf_path: str | None) -> str:
     types = {t for name, t in gguf_tensor_types(gguf_path).items() if name.startswith("blk.") and
              name.endswith(("attn_q.weight", "ffn_down.weight"))}
     return "gguf" if types and types <= {"Q4_0", "Q4_1"} else "fp32"
+
+
+def _kernels(target: Any) -> str:
+    """The fused kernels' build (source and flags) when the target engine runs them, else "off"."""
+    if not getattr(target, "fused_kernels", False):
+        return "off"
+    from dflash_robot.targets import kernels
+
+    return kernels.build_name()
 
 
 def _cpu_model() -> str:

@@ -38,6 +38,7 @@ from dflash_robot.targets.base import ChunkedForwardAdapter, PositionCache, Targ
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3")
+KERNEL_SLOTS = 64  # the fused attention's slot block (SLOTS in csrc/lean_ops.cpp): capacities are multiples
 
 
 def _text_config(model: Any) -> Any:
@@ -150,7 +151,7 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
     eos_token_ids: set[int] | None = None  # read from the snapshot's configs (`from_snapshot`); else None
 
     def __init__(self, model: Any, initial_capacity: int = 512, precision: str = "fp32",
-                 gguf_file: str | None = None):
+                 gguf_file: str | None = None, kernels: bool = True):
         """`precision` (`targets/quant.py`): how the layers' weights are stored and multiplied;
         "gguf" takes them from `gguf_file`, the GGUF the model was loaded from."""
         reason = unsupported_reason(model)
@@ -178,7 +179,8 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         self.head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads)
         self.eps = float(cfg.rms_norm_eps)
         inner = model.model  # type: ignore[union-attr]
-        build = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv)
+        self._ops = _fused_ops(self.device, self.dtype) if kernels else None
+        build = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None)
         self.layers = [_Layer(i, layer, build) for i, layer in enumerate(inner.layers)]
         self.final_norm = inner.norm.weight.detach()
         head = model.get_output_embeddings()
@@ -194,6 +196,10 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         self._v: list[torch.Tensor] = []
         self._cos = self._sin = torch.empty(0)
         self._len = 0
+        self._bf16_in = precision != "fp32"  # the products' input dtype: bf16 below fp32
+        # the fused attention keeps K transposed, [kv_heads, head_dim, capacity] (see csrc/lean_ops.cpp)
+        self._k_transposed = self._ops is not None
+        self._k_slot_dim = 2 if self._k_transposed else 1
         self._ensure_capacity(self._initial_capacity)
 
     @classmethod
@@ -220,6 +226,11 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
             self._model = self._load_model().eval()
         return self._model
 
+    @property
+    def fused_kernels(self) -> bool:
+        """Whether the forward runs the fused CPU kernels (`kernels.py`) or the torch path."""
+        return self._ops is not None
+
     # -- cache ---------------------------------------------------------------------------
     def _ensure_capacity(self, needed: int) -> None:
         if needed <= self._capacity:
@@ -227,10 +238,16 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         cap = max(needed, 2 * self._capacity, self._initial_capacity)
         if self.max_length is not None:
             cap = min(cap, max(self.max_length, needed))
+        if self._k_transposed:  # the fused attention reads whole 64-slot blocks (csrc/lean_ops.cpp)
+            cap = -(-cap // KERNEL_SLOTS) * KERNEL_SLOTS
         shape = (self.n_kv, cap, self.head_dim)
-        new_k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        k_shape = (self.n_kv, self.head_dim, cap) if self._k_transposed else shape
+        new_k = [torch.empty(k_shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         new_v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        for old, new in zip(self._k + self._v, new_k + new_v, strict=False):  # none at first
+        kd = self._k_slot_dim
+        for old, new in zip(self._k, new_k, strict=False):  # none at first
+            new.narrow(kd, 0, self._len).copy_(old.narrow(kd, 0, self._len))
+        for old, new in zip(self._v, new_v, strict=False):
             new[:, :self._len] = old[:, :self._len]
         self._k, self._v = new_k, new_v
         self._cos, self._sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
@@ -243,8 +260,11 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
     def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
         src = torch.tensor(kept_nodes, device=self.device) + base
         n = len(kept_nodes)
-        for buf in self._k + self._v:
-            buf[:, base:base + n] = buf[:, src]  # advanced indexing copies first: no overlap hazard
+        kd = self._k_slot_dim
+        for buf in self._k:  # index_select copies first: no overlap hazard
+            buf.narrow(kd, base, n).copy_(buf.index_select(kd, src))
+        for buf in self._v:
+            buf[:, base:base + n] = buf[:, src]
 
     def _forward(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None,
                  logits_to_keep: int = 0, positions: torch.Tensor | None = None,
@@ -271,6 +291,8 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
             key_pos = torch.arange(end, device=self.device)
             causal = key_pos[None, :] <= (start + torch.arange(t, device=self.device))[:, None]  # [T, end]
             mask = causal.repeat(g, 1)  # [g*T, end]
+        if self._ops is not None:
+            return self._forward_fused(ids, tap_layer_ids, logits_to_keep, positions, tree_mask)
         taps = set(tap_layer_ids or ())
         feats: dict[int, torch.Tensor] = {}
         x = F.embedding(ids, self.embed)  # [T, H]
@@ -310,6 +332,39 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         features = torch.cat([feats[j] for j in tap_layer_ids], dim=-1) if tap_layer_ids else None
         return TargetOutput(logits=logits, features=features)
 
+    def _forward_fused(self, ids: torch.Tensor, tap_layer_ids: tuple[int, ...] | None, logits_to_keep: int,
+                       positions: torch.Tensor | None, tree_mask: torch.Tensor | None) -> TargetOutput:
+        """`_forward` with the fused kernels (`kernels.py`): per layer four products and four calls."""
+        ops, t, start, eps, bf = self._ops, ids.shape[0], self._len, self.eps, self._bf16_in
+        assert ops is not None
+        end = start + t
+        self._ensure_capacity(end)
+        if positions is not None:
+            positions = positions.to(torch.int64).contiguous()
+        if tree_mask is not None:
+            tree_mask = tree_mask.to(torch.bool).contiguous()
+        taps = set(tap_layer_ids or ())
+        feats: dict[int, torch.Tensor] = {}
+        last = self.num_layers - 1
+        x = F.embedding(ids, self.embed)  # [T, H], updated in place below
+        h = ops.rms_norm(x, self.layers[0].ln1, eps, bf)
+        for i, layer in enumerate(self.layers):
+            a = ops.attention(layer.qkv(h), self._k[i], self._v[i], self._cos, self._sin, start, self.n_heads,
+                              positions, tree_mask, layer.q_norm, layer.k_norm, eps, bf)
+            h = ops.add_rms_norm(x, layer.o(a), layer.ln2, eps, bf)
+            nxt = self.layers[i + 1].ln1 if i < last else self.final_norm
+            h = ops.add_rms_norm(x, layer.down(ops.silu_mul(layer.gate_up(h), bf)), nxt, eps,
+                                 bf if i < last else False)
+            if i in taps and i != last:
+                feats[i] = x.clone()
+        if last in taps:  # hidden_states[L] comes after the final norm
+            feats[last] = h
+        self._len = end
+        rows = h if logits_to_keep == 0 else h[-logits_to_keep:]
+        logits = self._head_module(rows)
+        features = torch.cat([feats[j] for j in tap_layer_ids], dim=-1) if tap_layer_ids else None
+        return TargetOutput(logits=logits, features=features)
+
     def input_embedding_weight(self) -> torch.Tensor:
         return self.embed
 
@@ -317,17 +372,29 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         return self._head_module
 
 
-def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int) -> Callable[..., Callable]:
-    """-> build(index, part, hf_weights, bias): one fused product at `precision`."""
+def _fused_ops(device: torch.device, dtype: torch.dtype) -> Any:
+    """The fused kernels when they can run the engine (an fp32 model on the CPU), else None."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    from dflash_robot.targets import kernels
+
+    return kernels.load()
+
+
+def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int,
+                   native: bool = False) -> Callable[..., Callable]:
+    """-> build(index, part, hf_weights, bias): one fused product at `precision` (`native`: outputs
+    in the kernel's dtype, for the fused kernels)."""
     from dflash_robot.targets.quant import make_linear
 
     if precision != "gguf":
-        return lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision)
+        return lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision, native)
     if gguf_file is None:
         raise UnsupportedModelError("precision 'gguf' needs the target to be loaded from a GGUF file")
     from dflash_robot.targets.gguf_weights import GGUFLayerWeights
 
-    return GGUFLayerWeights(gguf_file, n_heads, n_kv).build
+    weights = GGUFLayerWeights(gguf_file, n_heads, n_kv)
+    return lambda i, part, ws, b: weights.build(i, part, ws, b, native)
 
 
 class _HeadModule(nn.Module):

@@ -91,13 +91,16 @@ def _bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
     return lambda x: _bias(F.linear(x.to(torch.bfloat16), w).float(), b)
 
 
-def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-    """Per-output-channel symmetric int8 of `weight` [N, K]."""
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None, native: bool = False) -> Linear:
+    """Per-output-channel symmetric int8 of `weight` [N, K]; `native`: the kernel's bf16 output,
+    not converted to fp32 (for the fused kernels, which read bf16 directly)."""
     w = weight.float()
     scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     s = scale.to(torch.bfloat16)
     b = None if bias is None else bias.float()
+    if native:
+        return lambda x: _bias(torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, s), b)
     return lambda x: _bias(torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, s).float(), b)
 
 
@@ -134,24 +137,28 @@ def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     return Int4Weight(q, scale, lo + 8 * scale)
 
 
-def int4_linear(w4: Int4Weight, bias: torch.Tensor | None) -> Linear:
+def int4_linear(w4: Int4Weight, bias: torch.Tensor | None, native: bool = False) -> Linear:
+    """`native`: the kernel's bf16 output, not converted to fp32 (as `int8_linear`)."""
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w4.q.contiguous(), 2)
     sz = torch.stack([w4.scale.t(), w4.zero.t()], dim=-1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
     b = None if bias is None else bias.float()
+    if native:
+        return lambda x: _bias(torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, GROUP, sz), b)
     return lambda x: _bias(torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, GROUP,
                                                                       sz).float(), b)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> Linear:
-    """A product with `weight` [N, K] at `precision` ("gguf" layers are built by `gguf_linear`)."""
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, native: bool = False) -> Linear:
+    """A product with `weight` [N, K] at `precision` ("gguf" layers are built by `GGUFLayerWeights`).
+    Its output is fp32, or with `native` the kernel's own dtype (bf16 for int8 and int4)."""
     if precision == "fp32":
         return fp32_linear(weight, bias)
     if precision == "bf16":
         return bf16_linear(weight, bias)
     if precision == "int8":
-        return int8_linear(weight, bias)
+        return int8_linear(weight, bias, native)
     if precision == "int4":
-        return int4_linear(quantize_int4(weight), bias)
+        return int4_linear(quantize_int4(weight), bias, native)
     raise ConfigError(f"make_linear: unsupported precision {precision!r}")
 
 

@@ -1,0 +1,409 @@
+// Fused per-layer steps of the lean engine; dflash_robot/targets/kernels.py builds and loads this.
+//
+// Row invariance. Every row (token) is computed by the same instruction sequence however many rows
+// share the call, so a token verified among 15 others comes out bit for bit as when it is decoded
+// alone, which DFlash's lossless guarantee needs:
+// - reductions (sums of squares, softmax max and sum) run over 16 fixed lanes, summed in a fixed tree;
+// - a score is one FMA chain over head_dim, whatever slot it is in;
+// - attention visits the keys a row sees in slot order;
+// - buffers come from ATen's allocator (64-byte aligned), so no loop peels differently between calls;
+// - nothing depends on the thread that runs a row.
+// tests/test_kernels.py checks this (verify of T rows == T single steps, bit for bit) on every run.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int LANES = 16;
+using bf16_t = uint16_t;  // bfloat16 bits
+
+inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const bf16_t* p, int64_t i) {
+  const uint32_t u = static_cast<uint32_t>(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline void st(float* p, int64_t i, float v) { p[i] = v; }
+inline void st(bf16_t* p, int64_t i, float v) {  // round to nearest even, as torch's .to(bfloat16)
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  u = (v != v) ? 0x7FC00000u : u + 0x7FFFu + ((u >> 16) & 1u);
+  p[i] = static_cast<bf16_t>(u >> 16);
+}
+
+inline float lane_sum(float* acc) {
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+inline float lane_max(const float* __restrict__ x, int64_t n) {
+  float acc[LANES];
+  for (int l = 0; l < LANES; ++l) acc[l] = -INFINITY;
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int l = 0; l < LANES; ++l) acc[l] = acc[l] > x[i + l] ? acc[l] : x[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] = acc[l] > x[i + l] ? acc[l] : x[i + l];
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] = acc[l] > acc[l + w] ? acc[l] : acc[l + w];
+  return acc[0];
+}
+
+inline float lane_total(const float* __restrict__ x, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int l = 0; l < LANES; ++l) acc[l] += x[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] += x[i + l];
+  return lane_sum(acc);
+}
+
+// exp for softmax and SiLU: Cody-Waite reduction and a degree-6 polynomial (Cephes' expf
+// coefficients), branch-free so the loops calling it vectorize; ~1 ulp on [-87, 88].
+inline float exp_f(float x) {
+  x = x > -87.0f ? x : -87.0f;  // selects, not fmin/fmax: those do not vectorize with NaN semantics
+  x = x < 88.0f ? x : 88.0f;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  return y * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+}
+
+// out = w * (x * rsqrt(mean(x^2) + eps)), HF's LlamaRMSNorm order, over one row of n.
+template <typename In, typename Out>
+void rms_row(const In* __restrict__ x, const float* __restrict__ w, float eps, int64_t n, Out* __restrict__ out) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int l = 0; l < LANES; ++l) { const float v = ld(x, i + l); acc[l] += v * v; }
+  for (int l = 0; i + l < n; ++l) { const float v = ld(x, i + l); acc[l] += v * v; }
+  const float inv = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) st(out, j, w[j] * (ld(x, j) * inv));
+}
+
+template <typename T> const T* cptr(const torch::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); }
+template <typename T> T* mptr(torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
+
+bool is_bf16(const torch::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kFloat32,
+              "lean kernels take fp32 or bf16 tensors, got ", t.scalar_type());
+  return t.scalar_type() == torch::kBFloat16;
+}
+
+torch::Tensor new_rows(const torch::Tensor& ref, int64_t rows, int64_t cols, bool bf16) {
+  return torch::empty({rows, cols}, ref.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+}
+
+// f.template operator()<In, Out>() for the dtypes of one input and one output
+template <typename F> void dispatch(bool in_bf16, bool out_bf16, F&& f) {
+  if (in_bf16) {
+    if (out_bf16) f(bf16_t{}, bf16_t{}); else f(bf16_t{}, float{});
+  } else {
+    if (out_bf16) f(float{}, bf16_t{}); else f(float{}, float{});
+  }
+}
+
+template <typename Out>
+void rms_rows(const float* x, const float* w, float eps, int64_t t, int64_t h, Out* out) {
+  for (int64_t r = 0; r < t; ++r) rms_row<float, Out>(x + r * h, w, eps, h, out + r * h);
+}
+
+template <typename In, typename Out>
+void silu_rows(const In* __restrict__ gp, int64_t t, int64_t n, Out* __restrict__ op) {
+  for (int64_t r = 0; r < t; ++r) {
+    const In* g = gp + r * 2 * n;
+    const In* u = g + n;
+    Out* o = op + r * n;
+    for (int64_t j = 0; j < n; ++j) {
+      const float gv = ld(g, j);
+      st(o, j, gv / (1.0f + exp_f(-gv)) * ld(u, j));
+    }
+  }
+}
+
+template <typename In>
+void add_rows(float* __restrict__ x, const In* __restrict__ y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += ld(y, i);
+}
+
+struct AttnArgs {
+  int64_t t, nh, nkv, d, cap, start;
+  const int64_t* pos;
+  const bool* mask;
+  const float* q_norm;
+  const float* k_norm;
+  const float* cos;
+  const float* sin;
+  float* kt;
+  float* vc;
+  float eps;
+};
+
+// q/k norm, RoPE, K and V into the caches; rotated queries into q [T, nh, d].
+template <typename In>
+void rope_and_store(const AttnArgs& a, const In* __restrict__ src, float* __restrict__ q, float* __restrict__ tmp) {
+  const int64_t d = a.d, half = d / 2, nh = a.nh, nkv = a.nkv, width = (nh + 2 * nkv) * d;
+  float* rot = tmp + d;
+  for (int64_t i = 0; i < a.t; ++i) {
+    const int64_t p = a.pos ? a.pos[i] : a.start + i;
+    const float* c = a.cos + p * d;
+    const float* s = a.sin + p * d;
+    const In* row = src + i * width;
+    for (int64_t hd = 0; hd < nh + nkv; ++hd) {
+      const bool is_q = hd < nh;
+      const float* nw = is_q ? a.q_norm : a.k_norm;
+      if (nw != nullptr) rms_row<In, float>(row + hd * d, nw, a.eps, d, tmp);
+      else for (int64_t j = 0; j < d; ++j) tmp[j] = ld(row, hd * d + j);
+      float* dst = is_q ? q + (i * nh + hd) * d : rot;
+      for (int64_t j = 0; j < half; ++j) dst[j] = tmp[j] * c[j] + tmp[j + half] * s[j];
+      for (int64_t j = half; j < d; ++j) dst[j] = tmp[j] * c[j] + tmp[j - half] * s[j];
+      if (!is_q) {
+        float* col = a.kt + (hd - nh) * d * a.cap + a.start + i;
+        for (int64_t j = 0; j < d; ++j) col[j * a.cap] = rot[j];
+      }
+    }
+    for (int64_t hv = 0; hv < nkv; ++hv) {
+      float* dst = a.vc + (hv * a.cap + a.start + i) * d;
+      const In* v = row + (nh + nkv + hv) * d;
+      for (int64_t j = 0; j < d; ++j) dst[j] = ld(v, j);
+    }
+  }
+}
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // 16 floats, any alignment; GCC lowers
+                                                                  // it to the vector width the CPU has
+constexpr int64_t SLOTS = 64;  // slots per register block of the score product (4 x v16)
+
+// q K^T for every row of one query head over slots 0 .. padded(end) - 1, unscaled, into
+// s [T, padded(end)]. Every slot's score is computed by the same vector code, one FMA chain over
+// c = 0 .. d - 1, in whichever block it falls: a slot's score does not depend on `end` (which grows
+// with the rows in the call). The caches' capacity is a multiple of SLOTS (kernels.SLOT_ALIGN), so
+// whole blocks stay inside the buffer; slots at or past `end` are never read by a row.
+void scores(const AttnArgs& a, const float* __restrict__ q, const float* __restrict__ kb, int64_t padded,
+            float* __restrict__ s) {
+  const int64_t d = a.d, cap = a.cap, t = a.t, nh = a.nh;
+  for (int64_t jb = 0; jb < padded; jb += SLOTS)
+    for (int64_t i = 0; i < t; ++i) {
+      const float* qv = q + i * nh * d;
+      v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+      for (int64_t c = 0; c < d; ++c) {
+        const v16 qc = v16{} + qv[c];
+        const v16* kr = reinterpret_cast<const v16*>(kb + c * cap + jb);
+        a0 += qc * kr[0];
+        a1 += qc * kr[1];
+        a2 += qc * kr[2];
+        a3 += qc * kr[3];
+      }
+      v16* dst = reinterpret_cast<v16*>(s + i * padded + jb);
+      dst[0] = a0;
+      dst[1] = a1;
+      dst[2] = a2;
+      dst[3] = a3;
+    }
+}
+
+// Row i of one head, from its unscaled scores over the slots: softmax over the slots it sees, in
+// slot order, then the weighted sum of their values (two interleaved chains, even and odd keys).
+template <typename Out>
+void attend_row(const AttnArgs& a, int64_t i, const float* __restrict__ all, const float* __restrict__ vb,
+                float* __restrict__ sc, int64_t* __restrict__ keys, float* __restrict__ acc, Out* __restrict__ o) {
+  const int64_t d = a.d, start = a.start, t = a.t;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  int64_t n = 0;
+  if (a.mask) {  // the committed slots, then the new ones this node sees, in slot order
+    for (int64_t j = 0; j < start; ++j) keys[n++] = j;
+    for (int64_t j = 0; j < t; ++j)
+      if (a.mask[i * t + j]) keys[n++] = start + j;
+    for (int64_t b = 0; b < n; ++b) sc[b] = all[keys[b]] * scale;
+  } else {
+    n = start + i + 1;
+    for (int64_t j = 0; j < n; ++j) { keys[j] = j; sc[j] = all[j] * scale; }
+  }
+  const float m = lane_max(sc, n);
+  for (int64_t b = 0; b < n; ++b) sc[b] = exp_f(sc[b] - m);
+  const float inv = 1.0f / lane_total(sc, n);
+  float* acc2 = acc + d;
+  int64_t j0 = 0;
+  // head_dim in whole 64-float chunks, then 16-float ones, accumulated in registers: two chains
+  // (even and odd keys), summed at the end
+  for (; j0 + 64 <= d; j0 += 64) {
+    v16 e0 = {0}, e1 = {0}, e2 = {0}, e3 = {0}, f0 = {0}, f1 = {0}, f2 = {0}, f3 = {0};
+    int64_t b = 0;
+    for (; b + 2 <= n; b += 2) {
+      const v16 p0 = v16{} + sc[b], p1 = v16{} + sc[b + 1];
+      const v16* v0 = reinterpret_cast<const v16*>(vb + keys[b] * d + j0);
+      const v16* v1 = reinterpret_cast<const v16*>(vb + keys[b + 1] * d + j0);
+      e0 += p0 * v0[0]; e1 += p0 * v0[1]; e2 += p0 * v0[2]; e3 += p0 * v0[3];
+      f0 += p1 * v1[0]; f1 += p1 * v1[1]; f2 += p1 * v1[2]; f3 += p1 * v1[3];
+    }
+    if (b < n) {
+      const v16 p0 = v16{} + sc[b];
+      const v16* v0 = reinterpret_cast<const v16*>(vb + keys[b] * d + j0);
+      e0 += p0 * v0[0]; e1 += p0 * v0[1]; e2 += p0 * v0[2]; e3 += p0 * v0[3];
+    }
+    v16* dst = reinterpret_cast<v16*>(acc + j0);
+    dst[0] = e0 + f0; dst[1] = e1 + f1; dst[2] = e2 + f2; dst[3] = e3 + f3;
+  }
+  for (; j0 + 16 <= d; j0 += 16) {
+    v16 e0 = {0}, f0 = {0};
+    int64_t b = 0;
+    for (; b + 2 <= n; b += 2) {
+      e0 += (v16{} + sc[b]) * *reinterpret_cast<const v16*>(vb + keys[b] * d + j0);
+      f0 += (v16{} + sc[b + 1]) * *reinterpret_cast<const v16*>(vb + keys[b + 1] * d + j0);
+    }
+    if (b < n) e0 += (v16{} + sc[b]) * *reinterpret_cast<const v16*>(vb + keys[b] * d + j0);
+    *reinterpret_cast<v16*>(acc + j0) = e0 + f0;
+  }
+  if (j0 < d) {  // a head_dim that is not a multiple of 16: the rest one float at a time, same chains
+    for (int64_t j = j0; j < d; ++j) acc[j] = acc2[j] = 0.0f;
+    int64_t b = 0;
+    for (; b + 2 <= n; b += 2) {
+      const float p0 = sc[b], p1 = sc[b + 1];
+      const float* __restrict__ v0 = vb + keys[b] * d;
+      const float* __restrict__ v1 = vb + keys[b + 1] * d;
+      for (int64_t j = j0; j < d; ++j) { acc[j] += p0 * v0[j]; acc2[j] += p1 * v1[j]; }
+    }
+    if (b < n)
+      for (int64_t j = j0; j < d; ++j) acc[j] += sc[b] * vb[keys[b] * d + j];
+    for (int64_t j = j0; j < d; ++j) acc[j] += acc2[j];
+  }
+  for (int64_t j = 0; j < d; ++j) st(o, j, acc[j] * inv);
+}
+
+}  // namespace
+
+// x [T, H] fp32 -> w * rms_norm(x), in bf16 (out_bf16) or fp32.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps, bool out_bf16) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x: fp32 [T, H] contiguous");
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.numel() == x.size(1), "w: fp32 [H]");
+  const int64_t t = x.size(0), h = x.size(1);
+  auto out = new_rows(x, t, h, out_bf16);
+  if (out_bf16) rms_rows(cptr<float>(x), cptr<float>(w), static_cast<float>(eps), t, h, mptr<bf16_t>(out));
+  else rms_rows(cptr<float>(x), cptr<float>(w), static_cast<float>(eps), t, h, mptr<float>(out));
+  return out;
+}
+
+// x += y in place (y fp32 or bf16), then w * rms_norm(x).
+torch::Tensor add_rms_norm(torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& w, double eps,
+                           bool out_bf16) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x: fp32 [T, H] contiguous");
+  TORCH_CHECK(y.sizes() == x.sizes() && y.is_contiguous(), "y: [T, H] contiguous, as x");
+  if (is_bf16(y)) add_rows(mptr<float>(x), cptr<bf16_t>(y), x.numel());
+  else add_rows(mptr<float>(x), cptr<float>(y), x.numel());
+  return rms_norm(x, w, eps, out_bf16);
+}
+
+// gu [T, 2I] (gate | up) -> silu(gate) * up [T, I], computed in fp32.
+torch::Tensor silu_mul(const torch::Tensor& gu, bool out_bf16) {
+  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "gu: [T, 2I] contiguous");
+  const int64_t t = gu.size(0), n = gu.size(1) / 2;
+  auto out = new_rows(gu, t, n, out_bf16);
+  dispatch(is_bf16(gu), out_bf16, [&](auto in_tag, auto out_tag) {
+    using In = decltype(in_tag);
+    using Out = decltype(out_tag);
+    silu_rows<In, Out>(cptr<In>(gu), t, n, mptr<Out>(out));
+  });
+  return out;
+}
+
+// One attention block of a decoder layer, after the [q; k; v] product:
+//   qkv [T, (nh + 2 nkv) d] (fp32 or bf16) -> per-head RMSNorm of q and k (when weights are given),
+//   RoPE at `positions` (or start + i), K/V written to the caches at slots start .. start + T - 1,
+//   then softmax(q k^T / sqrt(d)) v for every query head, each row over the keys it sees: slots
+//   0 .. start - 1, plus the new slots j <= i (causal) or with mask[i, j] (tree), in slot order.
+// kt [nkv, d, cap] holds K transposed (a row's scores are then vector FMAs along the slots, each
+// slot's score one fixed chain over d); vc [nkv, cap, d]. cos, sin [n >= every position + 1, d]
+// fp32, sin with rotate_half's sign folded in.
+// -> [T, nh d] in bf16 (out_bf16) or fp32; query head h reads kv head h / (nh / nkv), as HF's GQA.
+torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tensor& vc, const torch::Tensor& cos,
+                        const torch::Tensor& sin, int64_t start, int64_t n_heads,
+                        const c10::optional<torch::Tensor>& positions, const c10::optional<torch::Tensor>& mask,
+                        const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
+                        double eps, bool out_bf16) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous(), "qkv: [T, (nh + 2 nkv) d] contiguous");
+  TORCH_CHECK(kt.dim() == 3 && vc.dim() == 3 && kt.is_contiguous() && vc.is_contiguous() &&
+                  kt.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 &&
+                  kt.size(0) == vc.size(0) && kt.size(1) == vc.size(2) && kt.size(2) == vc.size(1),
+              "kt: fp32 [nkv, d, cap], vc: fp32 [nkv, cap, d]");
+  AttnArgs a{};
+  a.t = qkv.size(0), a.nkv = vc.size(0), a.cap = vc.size(1), a.d = vc.size(2), a.nh = n_heads, a.start = start;
+  const int64_t t = a.t, nh = a.nh, d = a.d, end = start + t;
+  TORCH_CHECK(nh > 0 && nh % a.nkv == 0 && d % 2 == 0 && qkv.size(1) == (nh + 2 * a.nkv) * d,
+              "qkv width / head counts do not match");
+  TORCH_CHECK(start >= 0 && end <= a.cap, "cache too small");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.dim() == 2 && cos.size(1) == d && sin.sizes() == cos.sizes(),
+              "cos/sin: fp32 [n, d]");
+  if (positions.has_value()) {
+    TORCH_CHECK(positions->scalar_type() == torch::kInt64 && positions->numel() == t && positions->is_contiguous(),
+                "positions: int64 [T]");
+    a.pos = positions->data_ptr<int64_t>();
+  }
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->scalar_type() == torch::kBool && mask->dim() == 2 && mask->size(0) == t && mask->size(1) == t &&
+                    mask->is_contiguous(), "mask: bool [T, T]");
+    a.mask = mask->data_ptr<bool>();
+  }
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t p = a.pos ? a.pos[i] : start + i;
+    TORCH_CHECK(p >= 0 && p < cos.size(0), "position beyond the RoPE table");
+  }
+  for (const auto* w : {&q_norm, &k_norm})
+    if (w->has_value())
+      TORCH_CHECK((*w)->scalar_type() == torch::kFloat32 && (*w)->numel() == d && (*w)->is_contiguous(),
+                  "q/k norm weight: fp32 [d]");
+  a.q_norm = q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr;
+  a.k_norm = k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr;
+  a.cos = cos.data_ptr<float>(), a.sin = sin.data_ptr<float>();
+  a.kt = kt.data_ptr<float>(), a.vc = vc.data_ptr<float>();
+  a.eps = static_cast<float>(eps);
+
+  auto q = torch::empty({t * nh * d + 2 * d}, torch::kFloat32);  // rotated queries [T, nh, d], then scratch
+  float* qp = q.data_ptr<float>();
+  if (is_bf16(qkv)) rope_and_store(a, cptr<bf16_t>(qkv), qp, qp + t * nh * d);
+  else rope_and_store(a, cptr<float>(qkv), qp, qp + t * nh * d);
+
+  auto out = new_rows(qkv, t, nh * d, out_bf16);
+  const int64_t g = nh / a.nkv;
+  const int64_t padded = (end + SLOTS - 1) / SLOTS * SLOTS;
+  TORCH_CHECK(a.cap % SLOTS == 0, "cache capacity must be a multiple of ", SLOTS);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, t * end * d));
+  at::parallel_for(0, nh, grain, [&](int64_t hb, int64_t he) {  // one query head, all rows, per task
+    auto scratch = torch::empty({t * padded + end + 2 * d}, torch::kFloat32);  // 64-byte aligned
+    auto keys = torch::empty({end}, torch::kInt64);
+    float* s = scratch.data_ptr<float>();
+    float* sc = s + t * padded;
+    float* acc = sc + end;
+    for (int64_t h = hb; h < he; ++h) {
+      const int64_t hk = h / g;
+      scores(a, qp + h * d, a.kt + hk * d * a.cap, padded, s);
+      const float* vb = a.vc + hk * a.cap * d;
+      for (int64_t i = 0; i < t; ++i) {
+        if (out_bf16)
+          attend_row(a, i, s + i * padded, vb, sc, keys.data_ptr<int64_t>(), acc, mptr<bf16_t>(out) + (i * nh + h) * d);
+        else
+          attend_row(a, i, s + i * padded, vb, sc, keys.data_ptr<int64_t>(), acc, mptr<float>(out) + (i * nh + h) * d);
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "w * rms_norm(x)");
+  m.def("add_rms_norm", &add_rms_norm, "x += y in place, then w * rms_norm(x)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("attention", &attention, "q/k norm, RoPE, cache write and attention of one layer");
+}

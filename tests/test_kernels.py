@@ -1,0 +1,205 @@
+"""The lean engine's fused CPU kernels (targets/kernels.py, targets/csrc/lean_ops.cpp): the same
+forward as the engine's torch path to float rounding, and row-invariant bit for bit (a verified
+token equals the token decoded alone, in chains and in trees), which DFlash's losslessness needs."""
+
+import pytest
+import torch
+from tiny import random_prompt, taught_target
+
+from dflash_robot.targets import kernels
+from dflash_robot.targets.lean import LeanTargetAdapter
+
+ops = kernels.load()
+pytestmark = pytest.mark.skipif(ops is None, reason=f"fused kernels unavailable: {kernels.unavailable_reason()}")
+
+FAMILIES = ["llama", "qwen2", "qwen3"]  # qwen2: q/k/v biases; qwen3: per-head q/k RMSNorm
+TAPS = (0, 2, 5)
+
+
+def _pair(family, precision):
+    model = taught_target(family)
+    fused = LeanTargetAdapter(model, initial_capacity=16, precision=precision)
+    plain = LeanTargetAdapter(model, initial_capacity=16, precision=precision, kernels=False)
+    assert fused._ops is not None and plain._ops is None
+    return fused, plain
+
+
+def _close(a, b, tol):
+    scale = max(1.0, float(b.abs().max()))
+    assert float((a - b).abs().max()) <= tol * scale, float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
+def test_fused_forward_matches_the_torch_path(family, precision):
+    """Prefill, verifies of several widths, rollbacks and a cache regrowth: logits and features of
+    the fused forward against the torch forward of the same engine (float64 attention there)."""
+    fused, plain = _pair(family, precision)
+    ids = torch.tensor(random_prompt(60, 3))
+    tol = 1e-4 if precision == "fp32" else 2e-2  # bf16 activations into the quantized products
+    a, b = fused.prefill(ids[:21], TAPS, 8), plain.prefill(ids[:21], TAPS, 8)
+    _close(a.logits, b.logits, tol)
+    _close(a.features, b.features, tol)
+    for start, q, keep in [(21, 16, 3), (24, 1, 1), (25, 8, 8), (33, 16, 0), (33, 5, 2)]:
+        sa, sb = fused.snapshot(), plain.snapshot()
+        a, b = fused.verify(ids[start:start + q], TAPS), plain.verify(ids[start:start + q], TAPS)
+        _close(a.logits, b.logits, tol)
+        _close(a.features, b.features, tol)
+        fused.rollback(sa, keep)
+        plain.rollback(sb, keep)
+    assert fused._capacity >= 32 and fused._k[0].shape[-1] == fused._capacity  # K kept transposed
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_are_bit_identical_however_many_share_a_call(family):
+    """Every verify width from 1 to 17 at context lengths that are not multiples of the kernels'
+    16 lanes: each row equals the same token decoded alone."""
+    eng, _ = _pair(family, "int4")
+    prompt = torch.tensor(random_prompt(140, 5))
+    block = torch.tensor(random_prompt(17, 6))
+    for width, context in [(2, 35), (3, 34), (5, 32), (16, 21), (17, 20), (16, 55), (9, 125), (17, 120)]:
+        # the last three cross the kernels' 64-slot score blocks: a slot's score must not depend on
+        # whether the call's length puts it in a whole block or not
+        eng.prefill(prompt[:context], TAPS)
+        snap = eng.snapshot()
+        batched = eng.verify(block[:width], TAPS)
+        eng.rollback(snap, 0)
+        single = eng.verify(block[:width], TAPS, sequential=True)
+        assert torch.equal(batched.logits, single.logits), width
+        assert torch.equal(batched.features, single.features), width
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_nodes_equal_their_path_decoded_token_by_token(family):
+    """A tree verify (positions = depth, ancestor mask) against decoding each root-to-node path
+    alone: the node's logits must be bit-identical, including nodes whose ancestors are not
+    adjacent slots (node 4's path is 0 -> 2 -> 4)."""
+    eng, _ = _pair(family, "int4")
+    prompt = torch.tensor(random_prompt(23, 9))
+    tokens = torch.tensor(random_prompt(6, 10))
+    parent = [-1, 0, 0, 1, 2, 2]
+    depths = torch.tensor([0, 1, 1, 2, 2, 2])
+    anc = torch.zeros(6, 6, dtype=torch.bool)
+    for j in range(6):
+        i = j
+        while i >= 0:
+            anc[j, i] = True
+            i = parent[i]
+    eng.prefill(prompt, TAPS)
+    snap = eng.snapshot()
+    tree = eng.verify_tree(tokens, depths, anc, TAPS)
+    eng.rollback(snap, 0)
+    for node in range(6):
+        path = [i for i in range(6) if anc[node, i]]
+        eng.rollback(snap, 0)
+        out = eng.verify(tokens[path], TAPS)
+        assert torch.equal(out.logits[-1], tree.logits[node]), node
+        assert torch.equal(out.features[-1], tree.features[node]), node
+
+
+def _reference_attention(qkv, kt, vc, cos, sin, start, nh, positions, mask, q_norm, k_norm, eps):
+    """The attention block in float64 torch, from the kernel's contract (csrc/lean_ops.cpp)."""
+    t, nkv, d = qkv.shape[0], vc.shape[0], vc.shape[2]
+    x = qkv.double()
+    q = x[:, :nh * d].view(t, nh, d)
+    k = x[:, nh * d:(nh + nkv) * d].view(t, nkv, d)
+    v = x[:, (nh + nkv) * d:].view(t, nkv, d)
+
+    def norm(h, w):
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+    if q_norm is not None:
+        q, k = norm(q, q_norm), norm(k, k_norm)
+    pos = positions if positions is not None else torch.arange(start, start + t)
+    c, s = cos[pos].double()[:, None], sin[pos].double()[:, None]
+    q, k = q * c + q.roll(d // 2, -1) * s, k * c + k.roll(d // 2, -1) * s
+    keys = torch.cat([kt[:, :, :start].double().transpose(1, 2), k.transpose(0, 1)], dim=1)  # [nkv, S, d]
+    vals = torch.cat([vc[:, :start].double(), v.transpose(0, 1)], dim=1)
+    seen = torch.ones(t, start + t, dtype=torch.bool)
+    seen[:, start:] = mask if mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+    out = torch.empty(t, nh, d, dtype=torch.float64)
+    for h in range(nh):
+        hk = h // (nh // nkv)
+        sc = (q[:, h] @ keys[hk].T) / d ** 0.5
+        out[:, h] = torch.softmax(sc.masked_fill(~seen, float("-inf")), -1) @ vals[hk]
+    return out.reshape(t, nh * d), k, v
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_kernel_against_a_float64_reference(tree, dtype):
+    g = torch.Generator().manual_seed(1)
+    nh, nkv, d, cap, start, t, eps = 6, 2, 24, 64, 13, 5, 1e-6
+    qkv = torch.randn(t, (nh + 2 * nkv) * d, generator=g).to(dtype)
+    kt, vc = torch.randn(nkv, d, cap, generator=g), torch.randn(nkv, cap, d, generator=g)
+    cos, sin = torch.randn(cap, d, generator=g), torch.randn(cap, d, generator=g)
+    qn, kn = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
+    positions = mask = None
+    if tree:
+        positions = torch.tensor([13, 14, 14, 15, 15])
+        mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+                            dtype=torch.bool)
+    ref, k, v = _reference_attention(qkv, kt, vc, cos, sin, start, nh, positions, mask, qn, kn, eps)
+    out = ops.attention(qkv, kt, vc, cos, sin, start, nh, positions, mask, qn, kn, eps, False)
+    _close(out, ref.float(), 1e-5)
+    _close(kt[:, :, start:start + t].transpose(1, 2), k.transpose(0, 1).float(), 1e-5)  # written to the caches
+    assert torch.equal(vc[:, start:start + t], v.transpose(0, 1).float())
+
+
+def test_elementwise_kernels_against_torch():
+    g = torch.Generator().manual_seed(2)
+    x, y, w = torch.randn(3, 40, generator=g), torch.randn(3, 40, generator=g), torch.randn(40, generator=g)
+    ref = torch.nn.functional.rms_norm(x, (40,), w, 1e-5)
+    _close(ops.rms_norm(x, w, 1e-5, False), ref, 1e-6)
+    assert torch.equal(ops.rms_norm(x, w, 1e-5, True), ops.rms_norm(x, w, 1e-5, False).bfloat16())
+    x2 = x.clone()
+    out = ops.add_rms_norm(x2, y.bfloat16(), w, 1e-5, False)
+    assert torch.equal(x2, x + y.bfloat16().float())
+    _close(out, torch.nn.functional.rms_norm(x2, (40,), w, 1e-5), 1e-6)
+    gu = torch.randn(3, 80, generator=g) * 8
+    gate, up = gu.chunk(2, dim=-1)
+    _close(ops.silu_mul(gu, False), torch.nn.functional.silu(gate) * up, 1e-6)
+
+
+def test_bad_shapes_are_refused_not_read_out_of_bounds():
+    kt, vc = torch.zeros(2, 8, 4), torch.zeros(2, 4, 8)
+    cos = sin = torch.zeros(4, 8)
+    qkv = torch.zeros(3, (4 + 4) * 8)
+    with pytest.raises(RuntimeError, match="cache too small"):
+        ops.attention(qkv, kt, vc, cos, sin, 2, 4, None, None, None, None, 1e-6, False)
+    with pytest.raises(RuntimeError, match="head counts"):
+        ops.attention(torch.zeros(1, 7 * 8), kt, vc, cos, sin, 0, 4, None, None, None, None, 1e-6, False)
+    with pytest.raises(RuntimeError, match="RoPE table"):
+        ops.attention(torch.zeros(1, 8 * 8), kt, vc, cos, sin, 0, 4, torch.tensor([9]), None, None, None, 1e-6,
+                      False)
+
+
+def test_turned_off_by_environment(monkeypatch):
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_error", None)
+    monkeypatch.setenv("DFLASH_ROBOT_KERNELS", "0")
+    assert kernels.load() is None and "DFLASH_ROBOT_KERNELS" in (kernels.unavailable_reason() or "")
+    eng = LeanTargetAdapter(taught_target("llama"), initial_capacity=16)
+    assert eng._ops is None and eng._k[0].shape[1] == 16  # the torch path, K not transposed
+
+
+def test_a_damaged_build_is_rebuilt_not_trusted(monkeypatch, tmp_path):
+    """A library left half-written (an interrupted build) is deleted and built again; a good one is
+    loaded directly, without running the build."""
+    monkeypatch.setenv("DFLASH_ROBOT_CACHE", str(tmp_path))
+    name = kernels.build_name()
+    lib = tmp_path / "kernels" / name / f"{name}.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF truncated")
+    built = []
+
+    def fake_build(**kw):
+        built.append(kw["name"])
+        return ops
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", fake_build)
+    assert kernels._load() is ops and built == [name] and not lib.exists()
+    lib.write_bytes(open(ops.__file__, "rb").read())  # a good library under this build's name
+    assert kernels._load().attention is not None and built == [name]
