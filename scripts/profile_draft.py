@@ -4,7 +4,7 @@ forward (`drafts/lean.py`) at each weight precision, on the default target and s
 Usage: python scripts/profile_draft.py [--threads 2]
 
 One proposal after 200 tokens of context with 2 new context rows (a decode step), median of 50,
-argmax and the host transfer included. docs/BENCHMARKS.md (session 6) quotes it.
+argmax and the host transfer included. docs/BENCHMARKS.md (sessions 6 and 7) quotes it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ def main() -> None:
     variants = [("module, fp32", DFlashProposer(packed, emb, head, lean=False))]
     variants += [(f"lean, {p}", DFlashProposer(base.draft, emb, head, precision=p))
                  for p in ("fp32", "bf16", "int8", "int4")]
+    from dflash_robot.drafts.lean import LeanDraftForward
+
+    for p in ("fp32", "int8"):  # the lean forward's torch path (fused kernels off), as session 6 ran it
+        prop = DFlashProposer(base.draft, emb, head, precision=p)
+        prop._lean = LeanDraftForward(base.draft, p, kernels=False)
+        variants.append((f"lean, {p}, torch path", prop))
     feats = torch.randn(200, base.draft.fc.in_features)
     for name, prop in variants:
         row = []
@@ -55,7 +61,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
                 _set_context(prop, 200)
             row.append(f"block {q}: {sorted(times[10:])[25] * 1e3:.2f} ms")
-        print(f"{name:14s} " + "  ".join(row), flush=True)
+        print(f"{name:26s} " + "  ".join(row), flush=True)
 
 
 if __name__ == "__main__":

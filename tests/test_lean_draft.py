@@ -24,8 +24,14 @@ def _steps(draft, forward, seed=0):
     return outs
 
 
+@pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_lean_forward_equals_the_module(family):
+def test_lean_forward_equals_the_module(family, kernels):
+    """On the fused CPU kernels (`targets/kernels.py`, the default) and on the torch path."""
+    from dflash_robot.targets import kernels as fused
+
+    if kernels and fused.load() is None:
+        pytest.skip(f"fused kernels unavailable: {fused.unavailable_reason()}")
     draft = trained_draft(family)
     cache = draft.new_cache(capacity=8)  # both caches grow on the way
 
@@ -35,13 +41,14 @@ def test_lean_forward_equals_the_module(family):
         with torch.inference_mode():
             return draft(noise[None], feats[None], pos[:, c:], pos[:, :c], cache=cache)[0]
 
-    lean = LeanDraftForward(draft, capacity=8)
+    lean = LeanDraftForward(draft, capacity=8, kernels=kernels)
+    assert (lean._ops is not None) == kernels
     for ref, got in zip(_steps(draft, module), _steps(draft, lean.forward), strict=True):
         assert (ref - got).abs().max().item() <= 2e-5
     assert lean.length == cache.length == 9 + 1 + 3 + 16
     lean.reset()
     again = _steps(draft, lean.forward)  # a new sequence after reset: the same states
-    assert all(torch.equal(a, b) for a, b in zip(again, _steps(draft, LeanDraftForward(draft).forward),
+    assert all(torch.equal(a, b) for a, b in zip(again, _steps(draft, LeanDraftForward(draft, kernels=kernels).forward),
                                                   strict=True))
 
 

@@ -226,3 +226,55 @@ def test_ddp_two_processes_gloo(tmp_path):
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("DDP-OK") == 2
+
+
+def test_chain_replay_reproduces_real_greedy_decoding():
+    """The held-out replay (`chain_acceptance`) against the runtime's own DFlash greedy decoding of
+    the same prompts with the same draft: the same tokens gained at every verify step."""
+    from tiny import trained_draft
+
+    from dflash_robot.runtime.api import DFlashRuntime
+    from dflash_robot.runtime.config import GenerationConfig
+
+    model, draft = taught_target("llama"), trained_draft("llama", block_size=8)
+    rt = DFlashRuntime.from_models(model, draft, engine="hf")
+    tr = DraftTrainer(model, draft, OptimConfig())
+    seen = []
+    for s in range(4):
+        prompt = random_prompt(8, 70 + s)
+        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=30, block_size=8))
+        ids = torch.tensor(prompt + res.token_ids)
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[len(prompt):] = True
+        assert tr.chain_acceptance(ids, mask, chunk=5) == res.acceptance_lengths
+        seen += res.acceptance_lengths
+    assert max(seen) >= 3  # runs long enough to test the walk
+
+
+def test_growing_a_draft_keeps_its_proposals(tmp_path):
+    """--init draft:PATH with more layers and a superset of taps (in another order): the grown draft's
+    logits equal the source's on the same context (new taps fed noise: their fc columns are zero)."""
+    from dflash_robot.drafts.checkpoint import save_draft
+    from dflash_robot.errors import IncompatibleDraftError
+    from dflash_robot.training.init import init_from_draft
+
+    model = taught_target("llama")
+    torch.manual_seed(0)
+    src = build_draft(model.config, 2, 8, MASK, target_layer_ids=[1, 4])
+    save_draft(src, tmp_path / "src")
+    grown = build_draft(model.config, 4, 8, MASK, target_layer_ids=[4, 0, 1])
+    notes = init_from_draft(grown, tmp_path / "src")
+    assert len(notes) == 3 and "taps" in notes[0]
+    h, s, q = model.config.hidden_size, 11, 8
+    g = torch.Generator().manual_seed(3)
+    f1, f4, noise_tap = (torch.randn(s, h, generator=g) for _ in range(3))
+    block = torch.randn(1, q, h, generator=g)
+    pos, ctx = torch.arange(s, s + q)[None], torch.arange(s)[None]
+    with torch.no_grad():
+        a = src(block, torch.cat([f1, f4], -1)[None], pos, ctx)
+        b = grown(block, torch.cat([f4, noise_tap, f1], -1)[None], pos, ctx)
+    assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(IncompatibleDraftError, match="lack its taps"):
+        init_from_draft(build_draft(model.config, 4, 8, MASK, target_layer_ids=[0, 4]), tmp_path / "src")
+    with pytest.raises(IncompatibleDraftError, match="layers"):
+        init_from_draft(build_draft(model.config, 1, 8, MASK, target_layer_ids=[1, 4]), tmp_path / "src")

@@ -47,6 +47,10 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--data", required=True, help="data directory written by `dflash-robot data`")
     t.add_argument("--out", required=True, help="output directory: checkpoint.pt, train_log.jsonl, draft/")
     t.add_argument("--layers", type=int_at_least(1), default=3, help="draft depth")
+    t.add_argument("--target-layers", help="target layers the draft taps, comma-separated (default: the --init "
+                                           "draft's, else z-lab's formula for the depth); with --init draft:PATH "
+                                           "a superset of its taps and a --layers above its depth grow it without "
+                                           "changing what it proposes (new layers start as the identity)")
     t.add_argument("--block-size", type=int_at_least(2), default=16, help="training block size")
     t.add_argument("--loss-decay", type=float, help="gamma of the exp(-(k-1)/gamma) weights (default: the paper's)")
     t.add_argument("--init", default="random",

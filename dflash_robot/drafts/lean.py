@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_robot.drafts.model import DFlashDraft
-from dflash_robot.targets.lean import rope, rope_tables
+from dflash_robot.targets.lean import KERNEL_SLOTS, rope, rope_tables
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -84,9 +84,10 @@ class LeanDraftForward:
             return f"RoPE type {rope_type(draft.config)!r}"
         return None
 
-    def __init__(self, draft: DFlashDraft, precision: str = "fp32", capacity: int = 1024):
+    def __init__(self, draft: DFlashDraft, precision: str = "fp32", capacity: int = 1024, kernels: bool = True):
         """`precision` of the products' weights (`targets/quant.py`: fp32, bf16, int8, int4) for an
-        fp32 draft on CPU; other drafts multiply in their own dtype."""
+        fp32 draft on CPU; other drafts multiply in their own dtype. `kernels`: run the target
+        engine's fused CPU kernels (`targets/kernels.py`) between the products when they load."""
         reason = self.unsupported_reason(draft)
         if reason is not None:
             raise ValueError(f"LeanDraftForward: {reason}")
@@ -105,6 +106,14 @@ class LeanDraftForward:
         rot = m.rotary_emb
         self._inv_freq = rot.inv_freq.detach().to(device=self.device, dtype=torch.float32)
         self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+        self._ops: Any = None
+        if kernels and self.dtype == torch.float32 and self.device.type == "cpu":
+            from dflash_robot.targets import kernels as fused
+
+            self._ops = fused.load()
+        self._bf16_in = precision != "fp32"  # the products' input dtype
+        self._qn = [layer.self_attn.q_norm.weight.detach().contiguous() for layer in m.layers]
+        self._kn = [layer.self_attn.k_norm.weight.detach().contiguous() for layer in m.layers]
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
         self._cos = self._sin = torch.empty(0)
@@ -119,18 +128,34 @@ class LeanDraftForward:
         if needed <= self._capacity:
             return
         cap = max(needed, 2 * self._capacity)
-        shape = (1, self.nkv, cap, self.d)
-        new_k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        new_v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        for old, new in zip(self._k + self._v, new_k + new_v, strict=False):  # none at first
-            new[:, :, :self.length] = old[:, :, :self.length]
+        k_shape: tuple[int, ...]
+        v_shape: tuple[int, ...]
+        if self._ops is not None:  # the fused attention: K transposed, capacity in whole 64-slot blocks
+            cap = -(-cap // KERNEL_SLOTS) * KERNEL_SLOTS
+            k_shape, v_shape, n = (self.nkv, self.d, cap), (self.nkv, cap, self.d), self.length
+        else:
+            k_shape = v_shape = (1, self.nkv, cap, self.d)
+        new_k = [torch.empty(k_shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        new_v = [torch.empty(v_shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        for old, new in zip(self._k, new_k, strict=False):  # none at first
+            if self._ops is not None:
+                new[:, :, :n] = old[:, :, :n]
+            else:
+                new[:, :, :self.length] = old[:, :, :self.length]
+        for old, new in zip(self._v, new_v, strict=False):
+            new[..., :self.length, :] = old[..., :self.length, :]
         self._k, self._v = new_k, new_v
         cos, sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
-        self._cos, self._sin = cos[:, None, :], sin[:, None, :]  # [cap, 1, d]
+        if self._ops is not None:
+            self._cos, self._sin = cos.contiguous(), sin.contiguous()  # [cap, d]
+        else:
+            self._cos, self._sin = cos[:, None, :], sin[:, None, :]  # [cap, 1, d]
         self._capacity = cap
 
     @torch.inference_mode()
     def forward(self, noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        if self._ops is not None:
+            return self._forward_fused(noise, features)
         c, q = features.shape[0], noise.shape[0]
         start = self.length
         end = start + c + q
@@ -155,3 +180,27 @@ class LeanDraftForward:
             h = h + layer.down(F.silu(gate) * up)
         self.length = start + c  # the block's own K/V past here are overwritten next step
         return F.rms_norm(h, self.norm.shape, self.norm, eps)
+
+    def _forward_fused(self, noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """`forward` on the fused kernels: per layer the [ctx; norm(h)] rows through one q/k/v
+        product and one attention call (q/k norms, RoPE, K/V written from slot `length`; every
+        row sees all committed context and all c + q new rows, the context rows' own outputs
+        unused), then residual + norm, SiLU*up and residual + norm as single calls."""
+        ops, eps, bf = self._ops, self.eps, self._bf16_in
+        c, q = features.shape[0], noise.shape[0]
+        start = self.length
+        self._ensure_capacity(start + c + q)
+        ctx = ops.rms_norm(self.fc(features).float().contiguous(), self.hidden_norm, eps, bf)  # [c, H]
+        see_all = torch.ones(c + q, c + q, dtype=torch.bool)
+        h = noise.float().contiguous().clone()  # the block's residual stream, updated in place
+        hn = ops.rms_norm(h, self.layers[0].ln1, eps, bf)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            a = ops.attention(layer.qkv(torch.cat([ctx, hn])), self._k[i], self._v[i], self._cos, self._sin, start,
+                              self.nh, None, see_all, self._qn[i], self._kn[i], eps, bf)
+            hn = ops.add_rms_norm(h, layer.o(a[c:]).contiguous(), layer.ln2, eps, bf)
+            nxt = self.layers[i + 1].ln1 if i < last else self.norm
+            hn = ops.add_rms_norm(h, layer.down(ops.silu_mul(layer.gate_up(hn), bf)).contiguous(), nxt, eps,
+                                  bf if i < last else False)
+        self.length = start + c  # the block's own K/V past here are overwritten next step
+        return hn

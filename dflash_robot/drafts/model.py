@@ -16,6 +16,7 @@ stored, so the cache needs no crop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -338,10 +339,11 @@ def build_draft(
     loss_decay: float | None = None,
     num_heads: int | None = None,
     draft_vocab_size: int | None = None,
+    target_layer_ids: Sequence[int] | None = None,
 ) -> DFlashDraft:
     """A fresh, randomly initialised draft shaped for a target (dims copied from its config).
 
-    target_layer_ids follow z-lab's formula; the caller decides the mask token. A target
+    target_layer_ids follow z-lab's formula unless given; the caller decides the mask token. A target
     without attention heads (a pure SSM) gets `num_heads` (default hidden // 64, at least 1).
     """
     from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
@@ -371,7 +373,8 @@ def build_draft(
     meta = DraftMetadata(
         block_size=block_size,
         mask_token_id=mask_token_id,
-        target_layer_ids=tuple(build_target_layer_ids(tc.num_hidden_layers, num_layers)),
+        target_layer_ids=tuple(int(i) for i in target_layer_ids) if target_layer_ids is not None
+        else tuple(build_target_layer_ids(tc.num_hidden_layers, num_layers)),
         num_target_layers=tc.num_hidden_layers,
         num_draft_layers=num_layers,
         training_block_size=block_size,

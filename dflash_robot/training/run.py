@@ -43,6 +43,7 @@ class TrainRun:
     dtype: str = "float32"
     device: str = "cpu"
     layers: int = 3
+    target_layers: str | None = None  # comma-separated taps; None: the --init draft's, else z-lab's formula
     block_size: int = 16
     loss_decay: float | None = None  # None: the paper's value for the block size
     init: str = "random"
@@ -172,8 +173,10 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlas
     order, coverage = token_coverage(train)
     info: dict[str, Any] = {"response_token_coverage": coverage}
     torch.manual_seed(run.seed)
+    taps = [int(x) for x in run.target_layers.split(",")] if run.target_layers else (
+        list(src.metadata.target_layer_ids) if src is not None else None)
     draft = build_draft(model.config, run.layers, run.block_size, mask, loss_decay=run.loss_decay,
-                        draft_vocab_size=vocab_n).to(parse_dtype(run.dtype))
+                        draft_vocab_size=vocab_n, target_layer_ids=taps).to(parse_dtype(run.dtype))
     if vocab_n is not None:
         src_ids = src.vocab_ids if src is not None else None
         if src_ids is not None and src_ids.numel() == vocab_n:
@@ -184,9 +187,9 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlas
             ids = torch.tensor((order[:vocab_n] + extra)[:vocab_n])
         draft.set_vocab(ids)
         info["draft_vocab_coverage"] = _covered(train, draft)
-    skipped = initialise(draft, model, run.init)
-    if skipped:
-        info["kept_random_init"] = skipped
+    notes = initialise(draft, model, run.init)
+    if notes:
+        info["grown_from_init" if run.init.startswith("draft:") else "kept_random_init"] = notes
     return draft, info
 
 
@@ -238,6 +241,7 @@ def train(run: TrainRun) -> Path:
                 "holdout_samples": len(holdout),
                 "train_response_tokens": int(sum(int(m.sum()) for _, m, _ in train_set))}
         head["step0_holdout_tau_est"] = holdout_estimate(trainer, holdout)  # where this stage starts
+        head["step0_holdout_tau_chain"] = holdout_chain(trainer, holdout)
         for f in logs:
             f.write(json.dumps(head) + "\n")
     _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
@@ -260,6 +264,7 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
         seen += sum(int(s[1].sum()) for s in batch)
         if trainer.step % run.eval_every == 0 or trainer.step == run.steps:
             stats["holdout_tau_est"] = holdout_estimate(trainer, holdout)
+            stats["holdout_tau_chain"] = holdout_chain(trainer, holdout)
         bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.3f}", tau=f"{stats['tau_est']:.2f}")
         for f in logs:
@@ -268,6 +273,21 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
         if rank == 0 and (trainer.step % run.save_every == 0 or trainer.step == run.steps):
             save_checkpoint(trainer, ckpt)
             save_draft(trainer.draft, out / "draft", dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def holdout_chain(trainer: DraftTrainer, holdout: list) -> float:
+    """Acceptance length of greedy chain decoding replayed on the held-out samples
+    (`DraftTrainer.chain_acceptance`), tokens over steps pooled across them, as `bench` pools it.
+    Unlike `holdout_estimate` it gives no credit past a sequence's end and visits only the anchors
+    decoding would."""
+    if not holdout:
+        return math.nan
+    trainer.draft.eval()
+    gains = [g for k, s in enumerate(holdout)
+             for g in trainer.chain_acceptance(s[0], s[1], s[2] if len(s) > 2 else ("holdout", k))]
+    trainer.draft.train()
+    return sum(gains) / len(gains) if gains else math.nan
 
 
 @torch.no_grad()

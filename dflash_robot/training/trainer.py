@@ -122,6 +122,47 @@ class DraftTrainer:
             acc = objective.expected_acceptance(correct)
         return loss_sum, w_sum, acc
 
+    @torch.no_grad()
+    def chain_acceptance(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
+                         chunk: int = 64) -> list[int]:
+        """Greedy chain decoding replayed on one held-out sequence -> tokens gained per verify step.
+
+        The sequence is the target's own greedy output, so a replay is what decoding it would do:
+        the first response token comes from the prefill; then from anchor a the draft proposes
+        a+1 .. a+q-1, the target keeps the leading run that matches the sequence plus one token
+        of its own, and the next anchor is a + run + 1, until the sequence ends (no credit past
+        it). The list is what `generate --json` reports as `acceptance_lengths`. Every anchor's run
+        is computed in parallel (it depends only on the true prefix), then the walk picks the
+        anchors decoding would visit."""
+        meta = self.draft.metadata
+        q, n = meta.training_block_size, input_ids.shape[0]
+        resp = torch.nonzero(loss_mask, as_tuple=True)[0]
+        if resp.numel() < 2:
+            return []
+        first = int(resp[0])
+        feats = self.features(input_ids, key)
+        ctx_pos = torch.arange(n, device=input_ids.device)[None]
+        runs = torch.zeros(n, dtype=torch.long)
+        candidates = torch.arange(first, n - 1, device=input_ids.device)
+        for i in range(0, candidates.numel(), chunk):
+            anchors = candidates[i:i + chunk]
+            ids, pos, labels, _ = objective.block_inputs(
+                input_ids, loss_mask, anchors, q, meta.mask_token_id, meta.loss_decay)
+            mask = objective.block_mask(anchors, n, q)[None, None]
+            noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
+            with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+                hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
+                pred = self.draft.logits(hidden, self.head).argmax(-1)
+            if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
+                labels = self.label_index.to(labels.device)[labels]
+            ok = ((pred == labels) & (pos < n)).view(-1, q)[:, 1:]
+            runs[anchors.cpu()] = ok.to(torch.long).cumprod(dim=1).sum(dim=1).cpu()
+        a, gains = first, []
+        while a < n - 1:
+            gains.append(min(int(runs[a]) + 1, n - 1 - a))
+            a += gains[-1]
+        return gains
+
     def train_step(self, batch: Iterable[tuple[torch.Tensor, torch.Tensor]],
                    keys: Sequence[object] | None = None) -> dict[str, float]:
         """One optimiser step over `batch` (a list of (input_ids [S], loss_mask [S])).
