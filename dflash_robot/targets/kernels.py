@@ -23,6 +23,7 @@ import hashlib
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -105,7 +106,10 @@ def _load() -> ModuleType:
     except ImportError:
         pass
     build_dir.mkdir(parents=True, exist_ok=True)
-    print(f"dflash-robot: building the fused CPU kernels once for this machine (about a minute) in {build_dir}",
+    print(f"dflash-robot: building the fused CPU kernels, once for this machine (~20-60 s), in {build_dir} ...",
           file=sys.stderr, flush=True)
-    return cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=_FLAGS, build_directory=str(build_dir),
-                              verbose=False)
+    t0 = time.perf_counter()
+    mod = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=_FLAGS, build_directory=str(build_dir),
+                             verbose=False)
+    print(f"dflash-robot: fused CPU kernels built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return mod
