@@ -35,7 +35,7 @@ def main() -> None:
     path = default_target_path()
     d, g = _split_target_path(path, None)
     model, _ = load_target_model(path, dtype="float32")
-    eng = L.LeanTargetAdapter(model, precision="gguf", gguf_file=str(d / g))
+    eng = L.LeanTargetAdapter(model, precision="gguf", gguf_file=str(d / g), kernels=False)  # the torch path
 
     def body(ids: torch.Tensor, start: int, end: int, cos: torch.Tensor, sin: torch.Tensor,
              mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

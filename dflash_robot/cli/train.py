@@ -81,6 +81,16 @@ def run(args: argparse.Namespace) -> int:
     from dflash_robot.cli.common import check_paths
 
     check_paths(args)
+    if args.target_layers is not None:
+        from dflash_robot.errors import ConfigError
+
+        try:
+            taps = [int(x) for x in args.target_layers.split(",")]
+        except ValueError:
+            raise ConfigError(f"--target-layers: expected comma-separated layer indices, got "
+                              f"{args.target_layers!r}") from None
+        if len(set(taps)) != len(taps) or min(taps) < 0:
+            raise ConfigError(f"--target-layers: expected distinct non-negative layer indices, got {taps}")
     from dflash_robot.training.run import TrainRun, train
 
     fields = {f.name for f in dataclasses.fields(TrainRun)}

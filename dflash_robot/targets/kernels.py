@@ -36,13 +36,19 @@ _error: str | None = None
 
 
 def _cpu_model() -> str:
+    """The CPU's model and feature flags (`-march=native` builds for exactly these): a cache shared
+    between machines must not hand one a library with instructions it lacks."""
+    keys = ("model name", "flags", "Features", "CPU implementer", "CPU part")  # x86, then aarch64
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        lines = []
+    found: dict[str, str] = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in keys and key not in found:
+            found[key] = line
+    return "\n".join([platform.machine(), platform.processor() or "", *found.values()])
 
 
 def build_name() -> str:
@@ -97,6 +103,9 @@ def _load() -> ModuleType:
             return mod
         except (ImportError, OSError, AssertionError):  # a damaged or partial build: build it again
             lib.unlink(missing_ok=True)
+    import shutil
+    import tempfile
+
     from torch.utils import cpp_extension
 
     try:  # the `ninja` wheel's binary, even when its bin directory is not on PATH (an unactivated venv)
@@ -105,11 +114,23 @@ def _load() -> ModuleType:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     except ImportError:
         pass
-    build_dir.mkdir(parents=True, exist_ok=True)
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
     print(f"dflash-robot: building the fused CPU kernels, once for this machine (~20-60 s), in {build_dir} ...",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    mod = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=_FLAGS, build_directory=str(build_dir),
-                             verbose=False)
+    # Built in a private directory, then moved into place whole: a concurrent start never sees a
+    # half-written library, and a killed build leaves no lock behind, only a stray directory.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=build_dir.parent))
+    try:
+        mod = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=_FLAGS, build_directory=str(tmp),
+                                 verbose=False)
+        if not lib.is_file():
+            shutil.rmtree(build_dir, ignore_errors=True)  # a damaged earlier build
+            try:
+                os.replace(tmp, build_dir)
+            except OSError:  # another process moved its build in first: keep that one
+                pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"dflash-robot: fused CPU kernels built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return mod

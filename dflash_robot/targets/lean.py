@@ -250,7 +250,14 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         for old, new in zip(self._v, new_v, strict=False):
             new[:, :self._len] = old[:, :self._len]
         self._k, self._v = new_k, new_v
-        self._cos, self._sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
+        cos, sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
+        # positions already in the table keep their values: torch's sin/cos may round a position
+        # differently in a table of another length (vectorized body against scalar tail), and a
+        # verify that crosses the growth point must use what single steps used
+        kept = self._cos.shape[0] if self._cos.dim() == 2 else 0
+        if kept:
+            cos[:kept], sin[:kept] = self._cos, self._sin
+        self._cos, self._sin = cos, sin
         self._capacity = cap
 
     def reset(self) -> None:
@@ -271,6 +278,8 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
                  tree_mask: torch.Tensor | None = None) -> TargetOutput:
         """ids [T] -> logits [T or logits_to_keep, V], features [T, n*H]; appends T to the cache
         (slots start..start+T-1; RoPE at `positions`, default the same numbers)."""
+        if self._ops is not None:
+            return self._forward_fused(ids, tap_layer_ids, logits_to_keep, positions, tree_mask)
         t, start = ids.shape[0], self._len
         end = start + t
         self._ensure_capacity(end)
@@ -291,8 +300,6 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
             key_pos = torch.arange(end, device=self.device)
             causal = key_pos[None, :] <= (start + torch.arange(t, device=self.device))[:, None]  # [T, end]
             mask = causal.repeat(g, 1)  # [g*T, end]
-        if self._ops is not None:
-            return self._forward_fused(ids, tap_layer_ids, logits_to_keep, positions, tree_mask)
         taps = set(tap_layer_ids or ())
         feats: dict[int, torch.Tensor] = {}
         x = F.embedding(ids, self.embed)  # [T, H]

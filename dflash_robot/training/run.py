@@ -175,6 +175,10 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlas
     torch.manual_seed(run.seed)
     taps = [int(x) for x in run.target_layers.split(",")] if run.target_layers else (
         list(src.metadata.target_layer_ids) if src is not None else None)
+    depth = (model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+             ).num_hidden_layers
+    if taps is not None and (min(taps) < 0 or max(taps) >= depth):
+        raise ConfigError(f"--target-layers {taps}: the target has layers 0..{depth - 1}")
     draft = build_draft(model.config, run.layers, run.block_size, mask, loss_decay=run.loss_decay,
                         draft_vocab_size=vocab_n, target_layer_ids=taps).to(parse_dtype(run.dtype))
     if vocab_n is not None:

@@ -139,8 +139,9 @@ class DraftTrainer:
         resp = torch.nonzero(loss_mask, as_tuple=True)[0]
         if resp.numel() < 2:
             return []
-        first = int(resp[0])
-        feats = self.features(input_ids, key)
+        first, n = int(resp[0]), int(resp[-1]) + 1  # the response's span: no credit for tokens after it
+        feats = self.features(input_ids, key)[:n]
+        input_ids, loss_mask = input_ids[:n], loss_mask[:n]
         ctx_pos = torch.arange(n, device=input_ids.device)[None]
         runs = torch.zeros(n, dtype=torch.long)
         candidates = torch.arange(first, n - 1, device=input_ids.device)
@@ -151,7 +152,7 @@ class DraftTrainer:
             mask = objective.block_mask(anchors, n, q)[None, None]
             noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
             with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-                hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
+                hidden = self.draft(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]  # not the DDP wrapper
                 pred = self.draft.logits(hidden, self.head).argmax(-1)
             if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
                 labels = self.label_index.to(labels.device)[labels]

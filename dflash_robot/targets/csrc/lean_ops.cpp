@@ -286,6 +286,7 @@ void attend_row(const AttnArgs& a, int64_t i, const float* __restrict__ all, con
 
 // x [T, H] fp32 -> w * rms_norm(x), in bf16 (out_bf16) or fp32.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps, bool out_bf16) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x: fp32 [T, H] contiguous");
   TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.numel() == x.size(1), "w: fp32 [H]");
   const int64_t t = x.size(0), h = x.size(1);
@@ -298,6 +299,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 // x += y in place (y fp32 or bf16), then w * rms_norm(x).
 torch::Tensor add_rms_norm(torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& w, double eps,
                            bool out_bf16) {
+  TORCH_CHECK(y.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x: fp32 [T, H] contiguous");
   TORCH_CHECK(y.sizes() == x.sizes() && y.is_contiguous(), "y: [T, H] contiguous, as x");
   if (is_bf16(y)) add_rows(mptr<float>(x), cptr<bf16_t>(y), x.numel());
@@ -307,6 +309,7 @@ torch::Tensor add_rms_norm(torch::Tensor& x, const torch::Tensor& y, const torch
 
 // gu [T, 2I] (gate | up) -> silu(gate) * up [T, I], computed in fp32.
 torch::Tensor silu_mul(const torch::Tensor& gu, bool out_bf16) {
+  TORCH_CHECK(gu.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "gu: [T, 2I] contiguous");
   const int64_t t = gu.size(0), n = gu.size(1) / 2;
   auto out = new_rows(gu, t, n, out_bf16);
@@ -337,12 +340,15 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
                   kt.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 &&
                   kt.size(0) == vc.size(0) && kt.size(1) == vc.size(2) && kt.size(2) == vc.size(1),
               "kt: fp32 [nkv, d, cap], vc: fp32 [nkv, cap, d]");
+  TORCH_CHECK(qkv.device().is_cpu() && kt.device().is_cpu() && vc.device().is_cpu() && cos.device().is_cpu() &&
+                  sin.device().is_cpu(), "lean kernels run on the CPU");
   AttnArgs a{};
   a.t = qkv.size(0), a.nkv = vc.size(0), a.cap = vc.size(1), a.d = vc.size(2), a.nh = n_heads, a.start = start;
   const int64_t t = a.t, nh = a.nh, d = a.d, end = start + t;
-  TORCH_CHECK(nh > 0 && nh % a.nkv == 0 && d % 2 == 0 && qkv.size(1) == (nh + 2 * a.nkv) * d,
+  TORCH_CHECK(nh > 0 && a.nkv > 0 && nh % a.nkv == 0 && d > 0 && d % 2 == 0 && qkv.size(1) == (nh + 2 * a.nkv) * d,
               "qkv width / head counts do not match");
   TORCH_CHECK(start >= 0 && end <= a.cap, "cache too small");
+  TORCH_CHECK(a.cap % SLOTS == 0, "cache capacity must be a multiple of ", SLOTS);
   TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.dim() == 2 && cos.size(1) == d && sin.sizes() == cos.sizes(),
               "cos/sin: fp32 [n, d]");
@@ -355,6 +361,7 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
     TORCH_CHECK(mask->scalar_type() == torch::kBool && mask->dim() == 2 && mask->size(0) == t && mask->size(1) == t &&
                     mask->is_contiguous(), "mask: bool [T, T]");
     a.mask = mask->data_ptr<bool>();
+    for (int64_t i = 0; i < t; ++i) TORCH_CHECK(a.mask[i * t + i], "mask: every row must see itself");
   }
   for (int64_t i = 0; i < t; ++i) {
     const int64_t p = a.pos ? a.pos[i] : start + i;
@@ -378,7 +385,6 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
   auto out = new_rows(qkv, t, nh * d, out_bf16);
   const int64_t g = nh / a.nkv;
   const int64_t padded = (end + SLOTS - 1) / SLOTS * SLOTS;
-  TORCH_CHECK(a.cap % SLOTS == 0, "cache capacity must be a multiple of ", SLOTS);
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, t * end * d));
   at::parallel_for(0, nh, grain, [&](int64_t hb, int64_t he) {  // one query head, all rows, per task
     auto scratch = torch::empty({t * padded + end + 2 * d}, torch::kFloat32);  // 64-byte aligned
