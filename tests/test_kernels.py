@@ -209,8 +209,11 @@ def test_turned_off_by_environment(monkeypatch):
 def test_a_damaged_build_is_rebuilt_not_trusted(monkeypatch, tmp_path):
     """A library left half-written (an interrupted build) is deleted and built again; a good one is
     loaded directly, without running the build."""
-    monkeypatch.setenv("DFLASH_ROBOT_CACHE", str(tmp_path))
+    from dflash_robot.targets.loading import cache_root
+
     name = kernels.build_name()
+    built_lib = cache_root() / "kernels" / name / f"{name}.so"  # where this process's build was moved
+    monkeypatch.setenv("DFLASH_ROBOT_CACHE", str(tmp_path))
     lib = tmp_path / "kernels" / name / f"{name}.so"
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"\x7fELF truncated")
@@ -224,7 +227,7 @@ def test_a_damaged_build_is_rebuilt_not_trusted(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cpp_extension, "load", fake_build)
     assert kernels._load() is ops and built == [name] and not lib.exists()
-    lib.write_bytes(open(ops.__file__, "rb").read())  # a good library under this build's name
+    lib.write_bytes(built_lib.read_bytes())  # a good library under this build's name
     assert kernels._load().attention is not None and built == [name]
 
 
