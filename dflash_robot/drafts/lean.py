@@ -106,11 +106,9 @@ class LeanDraftForward:
         rot = m.rotary_emb
         self._inv_freq = rot.inv_freq.detach().to(device=self.device, dtype=torch.float32)
         self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self._ops: Any = None
-        if kernels and self.dtype == torch.float32 and self.device.type == "cpu":
-            from dflash_robot.targets import kernels as fused
+        from dflash_robot.targets import kernels as fused
 
-            self._ops = fused.load()
+        self._ops: Any = fused.for_engine(self.device, self.dtype) if kernels else None
         self._bf16_in = precision != "fp32"  # the products' input dtype
         self._qn = [layer.self_attn.q_norm.weight.detach().contiguous() for layer in m.layers]
         self._kn = [layer.self_attn.k_norm.weight.detach().contiguous() for layer in m.layers]
@@ -132,18 +130,16 @@ class LeanDraftForward:
         v_shape: tuple[int, ...]
         if self._ops is not None:  # the fused attention: K transposed, capacity in whole 64-slot blocks
             cap = -(-cap // KERNEL_SLOTS) * KERNEL_SLOTS
-            k_shape, v_shape, n = (self.nkv, self.d, cap), (self.nkv, cap, self.d), self.length
+            k_shape, v_shape = (self.nkv, self.d, cap), (self.nkv, cap, self.d)
         else:
             k_shape = v_shape = (1, self.nkv, cap, self.d)
         new_k = [torch.empty(k_shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         new_v = [torch.empty(v_shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        n = self.length  # dim 2 is the slot axis of both K layouts; V's slots are its second-last axis
         for old, new in zip(self._k, new_k, strict=False):  # none at first
-            if self._ops is not None:
-                new[:, :, :n] = old[:, :, :n]
-            else:
-                new[:, :, :self.length] = old[:, :, :self.length]
+            new[:, :, :n] = old[:, :, :n]
         for old, new in zip(self._v, new_v, strict=False):
-            new[..., :self.length, :] = old[..., :self.length, :]
+            new[..., :n, :] = old[..., :n, :]
         self._k, self._v = new_k, new_v
         cos, sin = rope_tables(self._inv_freq, self._rope_scale, cap, self.dtype, self.device)
         if self._ops is not None:

@@ -14,7 +14,6 @@ the chat template applied to text and to messages.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -316,7 +315,7 @@ class DFlashRuntime:
         return "|".join([f"dflash-robot {__version__}", f"torch {torch.__version__}", type(self.target).__name__,
                          str(self.target.dtype), str(i.get("precision")), str(self.target.device),
                          f"threads {torch.get_num_threads()}",
-                         platform.machine(), platform.processor() or "?", _cpu_model(), str(i.get("target")),
+                         _cpu_identity(), str(i.get("target")),
                          str(i.get("gguf_file")), str(i.get("draft")), f"packed {i.get('fast_linears')}",
                          f"draft forward {_draft_forward(self)}", f"kernels {_kernels(self.target)}"])
 
@@ -399,6 +398,12 @@ def _gguf_precision(gguf_path: str | None) -> str:
     return "gguf" if types and types <= {"Q4_0", "Q4_1"} else "fp32"
 
 
+def _cpu_identity() -> str:
+    from dflash_robot.targets.kernels import cpu_identity
+
+    return cpu_identity()
+
+
 def _kernels(target: Any) -> str:
     """The fused kernels' build (source and flags) when the target engine runs them, else "off"."""
     if not getattr(target, "fused_kernels", False):
@@ -406,16 +411,6 @@ def _kernels(target: Any) -> str:
     from dflash_robot.targets import kernels
 
     return kernels.build_name()
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
 
 
 __all__ = ["DEFAULT_DRAFT", "Completion", "DFlashError", "DFlashRuntime"]

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 _SOURCE = Path(__file__).with_name("csrc") / "lean_ops.cpp"
 # -fopenmp at compile time only: at::parallel_for's OpenMP regions then bind, when the library is
@@ -35,7 +36,7 @@ _module: ModuleType | None = None
 _error: str | None = None
 
 
-def _cpu_model() -> str:
+def cpu_identity() -> str:
     """The CPU's model and feature flags (`-march=native` builds for exactly these): a cache shared
     between machines must not hand one a library with instructions it lacks."""
     keys = ("model name", "flags", "Features", "CPU implementer", "CPU part")  # x86, then aarch64
@@ -54,8 +55,17 @@ def _cpu_model() -> str:
 def build_name() -> str:
     import torch
 
-    key = "\0".join([_SOURCE.read_text(), " ".join(_FLAGS), _cpu_model(), torch.__version__, sys.version])
+    key = "\0".join([_SOURCE.read_text(), " ".join(_FLAGS), cpu_identity(), torch.__version__, sys.version])
     return "dflash_lean_ops_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def for_engine(device: Any, dtype: Any) -> ModuleType | None:
+    """The kernels for an engine on `device` in `dtype`: only an fp32 model on the CPU runs them."""
+    import torch
+
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return None
+    return load()
 
 
 def enabled() -> bool:

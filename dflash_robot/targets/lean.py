@@ -179,7 +179,9 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         self.head_dim = int(getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads)
         self.eps = float(cfg.rms_norm_eps)
         inner = model.model  # type: ignore[union-attr]
-        self._ops = _fused_ops(self.device, self.dtype) if kernels else None
+        from dflash_robot.targets import kernels as fused
+
+        self._ops = fused.for_engine(self.device, self.dtype) if kernels else None
         build = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None)
         self.layers = [_Layer(i, layer, build) for i, layer in enumerate(inner.layers)]
         self.final_norm = inner.norm.weight.detach()
@@ -198,8 +200,7 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         self._len = 0
         self._bf16_in = precision != "fp32"  # the products' input dtype: bf16 below fp32
         # the fused attention keeps K transposed, [kv_heads, head_dim, capacity] (see csrc/lean_ops.cpp)
-        self._k_transposed = self._ops is not None
-        self._k_slot_dim = 2 if self._k_transposed else 1
+        self._k_slot_dim = 2 if self._ops is not None else 1
         self._ensure_capacity(self._initial_capacity)
 
     @classmethod
@@ -238,10 +239,10 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         cap = max(needed, 2 * self._capacity, self._initial_capacity)
         if self.max_length is not None:
             cap = min(cap, max(self.max_length, needed))
-        if self._k_transposed:  # the fused attention reads whole 64-slot blocks (csrc/lean_ops.cpp)
+        if self._ops is not None:  # the fused attention reads whole 64-slot blocks (csrc/lean_ops.cpp)
             cap = -(-cap // KERNEL_SLOTS) * KERNEL_SLOTS
         shape = (self.n_kv, cap, self.head_dim)
-        k_shape = (self.n_kv, self.head_dim, cap) if self._k_transposed else shape
+        k_shape = (self.n_kv, self.head_dim, cap) if self._ops is not None else shape
         new_k = [torch.empty(k_shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         new_v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         kd = self._k_slot_dim
@@ -377,15 +378,6 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
 
     def output_head(self) -> nn.Module:
         return self._head_module
-
-
-def _fused_ops(device: torch.device, dtype: torch.dtype) -> Any:
-    """The fused kernels when they can run the engine (an fp32 model on the CPU), else None."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return None
-    from dflash_robot.targets import kernels
-
-    return kernels.load()
 
 
 def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int,
