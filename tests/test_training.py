@@ -178,6 +178,19 @@ def test_unwritable_output_dir(tmp_path, capsys):
     assert "is not writable" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("sizes", ["4,x", "1", "4,17"])
+def test_bad_eval_block_sizes_fail_before_any_work(tmp_path, capsys, sizes):
+    """--eval-block-sizes must be integers from 2 to the training block size (16): refused before
+    the data or the target is read (the data directory here does not even exist)."""
+    from dflash_robot.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--out", str(out), "--data", str(tmp_path / "missing"),
+                 "--eval-block-sizes", sizes]) == 2
+    assert "--eval-block-sizes" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_target_draft_mismatch_refused_for_training():
     from dflash_robot.drafts.validation import check_compatible
     from dflash_robot.errors import IncompatibleDraftError
@@ -242,12 +255,14 @@ def test_chain_replay_reproduces_real_greedy_decoding():
     seen = []
     for s in range(4):
         prompt = random_prompt(8, 70 + s)
-        res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=30, block_size=8))
-        ids = torch.tensor(prompt + res.token_ids)
-        mask = torch.zeros_like(ids, dtype=torch.bool)
-        mask[len(prompt):] = True
-        assert tr.chain_acceptance(ids, mask, chunk=5) == res.acceptance_lengths
-        seen += res.acceptance_lengths
+        for q in (8, 4, 5):  # the training block size (the default), and other decoding sizes
+            res = rt.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=30, block_size=q))
+            ids = torch.tensor(prompt + res.token_ids)
+            mask = torch.zeros_like(ids, dtype=torch.bool)
+            mask[len(prompt):] = True
+            got = tr.chain_acceptance(ids, mask, chunk=5, block_size=None if q == 8 else q)
+            assert got == res.acceptance_lengths, q
+            seen += res.acceptance_lengths
     assert max(seen) >= 3  # runs long enough to test the walk
 
 

@@ -61,6 +61,7 @@ class TrainRun:
     eval_every: int = 100
     holdout: int = 48
     holdout_shards: str = "shard-v1-00000,shard-00000,shard-00001,shard-00002"
+    eval_block_sizes: str = ""  # extra decoding block sizes for the chain replay, e.g. "4,16"
     seed: int = 0
     threads: int | None = None
     log: str | None = None  # extra copy of the log (e.g. under docs/logs/)
@@ -217,6 +218,7 @@ def train(run: TrainRun) -> Path:
     if run.threads:
         torch.set_num_threads(run.threads)
     out, data_dir = Path(run.out), Path(run.data)
+    eval_block_sizes(run)  # a bad list fails before any slow work
     ensure_writable_dir(out)
     samples = iter_samples(data_dir, run.max_len)  # fails fast on missing or corrupt data
     model, tok = load_target_model(run.target or default_target_path(), run.gguf_file, run.dtype, run.device)
@@ -246,6 +248,8 @@ def train(run: TrainRun) -> Path:
                 "train_response_tokens": int(sum(int(m.sum()) for _, m, _ in train_set))}
         head["step0_holdout_tau_est"] = holdout_estimate(trainer, holdout)  # where this stage starts
         head["step0_holdout_tau_chain"] = holdout_chain(trainer, holdout)
+        for q in eval_block_sizes(run):
+            head[f"step0_holdout_tau_chain_b{q}"] = holdout_chain(trainer, holdout, q)
         for f in logs:
             f.write(json.dumps(head) + "\n")
     _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
@@ -269,6 +273,8 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
         if trainer.step % run.eval_every == 0 or trainer.step == run.steps:
             stats["holdout_tau_est"] = holdout_estimate(trainer, holdout)
             stats["holdout_tau_chain"] = holdout_chain(trainer, holdout)
+            for q in eval_block_sizes(run):
+                stats[f"holdout_tau_chain_b{q}"] = holdout_chain(trainer, holdout, q)
         bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.3f}", tau=f"{stats['tau_est']:.2f}")
         for f in logs:
@@ -279,8 +285,21 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
             save_draft(trainer.draft, out / "draft", dtype=torch.bfloat16)
 
 
+def eval_block_sizes(run: TrainRun) -> list[int]:
+    """The decoding block sizes `--eval-block-sizes` adds to the chain replay (logged as
+    `holdout_tau_chain_b{q}`), without the training block size, which is always logged."""
+    try:
+        sizes = [int(x) for x in run.eval_block_sizes.split(",") if x.strip()]
+    except ValueError:
+        sizes = [0]
+    if any(q < 2 or q > run.block_size for q in sizes):
+        raise ConfigError(f"--eval-block-sizes {run.eval_block_sizes!r}: block sizes from 2 to the "
+                          f"training block size ({run.block_size})")
+    return [q for q in dict.fromkeys(sizes) if q != run.block_size]
+
+
 @torch.no_grad()
-def holdout_chain(trainer: DraftTrainer, holdout: list) -> float:
+def holdout_chain(trainer: DraftTrainer, holdout: list, block_size: int | None = None) -> float:
     """Acceptance length of greedy chain decoding replayed on the held-out samples
     (`DraftTrainer.chain_acceptance`), tokens over steps pooled across them, as `bench` pools it.
     Unlike `holdout_estimate` it gives no credit past a sequence's end and visits only the anchors
@@ -289,7 +308,8 @@ def holdout_chain(trainer: DraftTrainer, holdout: list) -> float:
         return math.nan
     trainer.draft.eval()
     gains = [g for k, s in enumerate(holdout)
-             for g in trainer.chain_acceptance(s[0], s[1], s[2] if len(s) > 2 else ("holdout", k))]
+             for g in trainer.chain_acceptance(s[0], s[1], s[2] if len(s) > 2 else ("holdout", k),
+                                               block_size=block_size)]
     trainer.draft.train()
     return sum(gains) / len(gains) if gains else math.nan
 

@@ -124,7 +124,7 @@ class DraftTrainer:
 
     @torch.no_grad()
     def chain_acceptance(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
-                         chunk: int = 64) -> list[int]:
+                         chunk: int = 64, block_size: int | None = None) -> list[int]:
         """Greedy chain decoding replayed on one held-out sequence -> tokens gained per verify step.
 
         The sequence is the target's own greedy output, so a replay is what decoding it would do:
@@ -133,9 +133,12 @@ class DraftTrainer:
         of its own, and the next anchor is a + run + 1, until the sequence ends (no credit past
         it). The list is what `generate --json` reports as `acceptance_lengths`. Every anchor's run
         is computed in parallel (it depends only on the true prefix), then the walk picks the
-        anchors decoding would visit."""
+        anchors decoding would visit. `block_size` is the decoding block size (default: the
+        training block size); a draft may decode at any size, like the runtime's `--block-size`."""
         meta = self.draft.metadata
-        q, n = meta.training_block_size, input_ids.shape[0]
+        q, n = block_size or meta.training_block_size, input_ids.shape[0]
+        if not 2 <= q <= meta.training_block_size:
+            raise ValueError(f"block size {q}: from 2 to the training block size ({meta.training_block_size})")
         resp = torch.nonzero(loss_mask, as_tuple=True)[0]
         if resp.numel() < 2:
             return []
