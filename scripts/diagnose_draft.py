@@ -19,21 +19,19 @@ and on as many training samples:
 from __future__ import annotations
 
 import argparse
-import random
 from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from dflash_robot.drafts.checkpoint import load_draft
+from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.targets.loading import default_target_path, load_target_model
 from dflash_robot.training import objective
-from dflash_robot.training.data import FeatureStore, iter_samples
-from dflash_robot.training.run import TrainRun, _split
+from dflash_robot.training.data import FeatureStore
+from dflash_robot.training.run import evaluation_samples
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
-SHIPPED = Path(__file__).resolve().parents[1] / "dflash_robot" / "drafts" / "smollm2-135m-instruct"
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.01)
 
 
@@ -102,16 +100,14 @@ def confidence_bins(tr: DraftTrainer, model, samples: list, q: int
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--draft", default=str(SHIPPED))
+    ap.add_argument("--draft", default=str(SHIPPED_DRAFT))
     ap.add_argument("--data", default="data/smollm2-selfdistill")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--train-samples", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    run = TrainRun(data=args.data, out="unused")
-    hold, train = _split(iter_samples(Path(args.data), run.max_len), run)
-    train = random.Random(0).sample(train, min(args.train_samples, len(train)))
+    hold, train = evaluation_samples(args.data, args.train_samples)
     model, _ = load_target_model(default_target_path(), None, "float32", "cpu")
     draft = load_draft(args.draft).eval()
     store = FeatureStore(Path(args.data), draft.metadata.target_layer_ids, model.config.hidden_size)

@@ -13,17 +13,12 @@ first drafted token they hold linearly. docs/TRAINING.md (session 8) quotes it.
 from __future__ import annotations
 
 import argparse
-import random
-from pathlib import Path
 
 import torch
 
-from dflash_robot.drafts.checkpoint import load_draft
+from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.targets.loading import default_target_path, load_target_model
-from dflash_robot.training.data import iter_samples
-from dflash_robot.training.run import TrainRun, _split
-
-SHIPPED = Path(__file__).resolve().parents[1] / "dflash_robot" / "drafts" / "smollm2-135m-instruct"
+from dflash_robot.training.run import evaluation_samples
 
 
 def main() -> None:
@@ -34,11 +29,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    run = TrainRun(data=args.data, out="unused")
-    hold, train = _split(iter_samples(Path(args.data), run.max_len), run)
-    train = random.Random(0).sample(train, min(args.samples, len(train)))
+    hold, train = evaluation_samples(args.data, args.samples)
     model, _ = load_target_model(default_target_path(), None, "float32", "cpu")
-    ids = load_draft(str(SHIPPED)).vocab_ids
+    ids = load_draft(str(SHIPPED_DRAFT)).vocab_ids
     col = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
     col[ids] = torch.arange(ids.numel())
     n_layers, hidden, v = model.config.num_hidden_layers, model.config.hidden_size, ids.numel()

@@ -163,6 +163,16 @@ def _split(samples: list, run: TrainRun) -> tuple[list, list]:
     return hold, [s for s in samples if s[2] not in held]
 
 
+def evaluation_samples(data: str, train_samples: int, seed: int = 0) -> tuple[list, list]:
+    """The held-out samples `train` uses by default (the same fixed shards), and `train_samples`
+    training samples drawn at random: what the draft-diagnosis scripts evaluate on."""
+    import random
+
+    run = TrainRun(data=data, out="unused")
+    hold, train = _split(iter_samples(Path(data), run.max_len), run)
+    return hold, random.Random(seed).sample(train, min(train_samples, len(train)))
+
+
 def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlashDraft, dict]:
     from dflash_robot.targets.loading import parse_dtype
 
