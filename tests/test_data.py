@@ -86,10 +86,12 @@ def test_ensure_features_fills_missing_shards(tmp_path):
     model = taught_target("llama")
     ids = [list(range(5, 25)), list(range(30, 40))]
     D._pack([i[:4] for i in ids], [i[4:] for i in ids], "self").save(tmp_path / "shard-v1-00000.npz")
-    assert ensure_features(model, tmp_path, TAPS, 512) == 1
-    assert ensure_features(model, tmp_path, TAPS, 512) == 0  # computed once
-    got = D.FeatureStore(tmp_path, TAPS, 32).get("shard-v1-00000", 20, 30)
-    torch.testing.assert_close(got.float(), target_features(model, torch.tensor(ids[1]), TAPS), rtol=1e-2, atol=1e-2)
+    assert ensure_features(model, tmp_path, TAPS) == 1
+    assert ensure_features(model, tmp_path, TAPS) == 0  # computed once
+    store = D.FeatureStore(tmp_path, TAPS, 32)
+    for a, seq in ((0, ids[0]), (20, ids[1])):  # every row, of every sample (none is left zero)
+        got = store.get("shard-v1-00000", a, a + len(seq))
+        torch.testing.assert_close(got.float(), target_features(model, torch.tensor(seq), TAPS), rtol=1e-2, atol=1e-2)
 
 
 def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
@@ -122,3 +124,14 @@ def test_feature_store_reads_each_shard_from_a_tap_set_that_has_it(tmp_path):
     assert torch.equal(store.get("shard-00000", 1, 3), torch.cat([a[1:3, 0:2], a[1:3, 4:6]], dim=-1))
     assert torch.equal(store.get("shard-00001", 0, 2), torch.cat([b[0:2, 0:2], b[0:2, 2:4]], dim=-1))
     assert store.get("shard-00002", 0, 1) is None
+
+
+def test_partial_shard_files_are_not_data(tmp_path):
+    """A write cut off by a crash (this version's hidden temp file, or an older version's
+    `shard-N.tmp.npz`) is never read as a shard."""
+    D._pack([[1, 2]], [[3, 4]], "self").save(tmp_path / "shard-00000.npz")
+    assert [p.name for p in tmp_path.iterdir()] == ["shard-00000.npz"]  # the temp file was renamed
+    (tmp_path / "shard-00001.tmp.npz").write_bytes(b"cut off")
+    (tmp_path / ".shard-00002.tmp.npz").write_bytes(b"cut off")
+    assert [p.name for p in D.shard_paths(tmp_path)] == ["shard-00000.npz"]
+    assert len(D.load_dataset(tmp_path)) == 1

@@ -114,3 +114,29 @@ def test_training_with_a_vocabulary_only_scores_covered_labels():
     covered = torch.isin(ids, torch.tensor([1, 2, 3, 5]))
     assert float(w) > 0 if covered[1:].any() else float(w) == 0
     assert d.logits(torch.randn(3, target.config.hidden_size), target.get_output_embeddings()).shape == (3, 4)
+
+
+def test_resume_keeps_the_checkpoints_vocabulary(tmp_path):
+    """A resumed run whose data now ranks tokens differently must keep scoring labels against the
+    checkpoint's vocabulary (the d2t it restores), not the one the new run chose."""
+    from dflash_robot.training.run import load_checkpoint
+
+    target = taught_target("llama")
+
+    def trainer(ids):
+        torch.manual_seed(0)
+        d = build_draft(target.config, 1, 8, MASK, draft_vocab_size=4)
+        d.set_vocab(torch.tensor(ids))
+        return DraftTrainer(target, d, OptimConfig(blocks_per_seq=4))
+
+    a = trainer([1, 2, 3, 5])
+    torch.save({"trainer": a.state_dict()}, tmp_path / "ck.pt")
+    b = trainer([2, 4, 6, 7])  # what a grown dataset might rank first
+    b.load_state_dict(load_checkpoint(tmp_path / "ck.pt")["trainer"])
+    assert torch.equal(b.draft.vocab_ids, torch.tensor([1, 2, 3, 5]))
+    assert torch.equal(b.label_index, a.label_index)
+    ids = torch.tensor(random_prompt(24, 9))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    a.gen.manual_seed(3)
+    b.gen.manual_seed(3)
+    torch.testing.assert_close(b.sequence_loss(ids, mask)[:2], a.sequence_loss(ids, mask)[:2])

@@ -109,6 +109,14 @@ def test_cli_export_and_generate_on_a_tiny_model(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["token_ids"] == plain_greedy_cached("llama", tuple(ids), 20)[:len(got["token_ids"])]
     assert len(got["token_ids"]) == 20 or got["finish_reason"] == "stop"  # the tiny tokenizer's EOS may stop it
+    # a block size above the export's is refused from its manifest, before anything loads
+    from dflash_robot.cli import build_parser, serve
+    from dflash_robot.cli import generate as generate_cli
+
+    for cmd in (["generate", "--input-ids", "1,2"], ["serve"]):
+        args = build_parser().parse_args(cmd + ["--engine", "executorch", "--target", str(out), "--block-size", "5"])
+        with pytest.raises(ConfigError, match="--block-size 5 is out of range: this draft supports 1..4"):
+            (generate_cli._validate if cmd[0] == "generate" else serve._validate)(args)
 
 
 def test_adaptive_measures_within_the_exported_context(exported):

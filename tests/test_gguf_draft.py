@@ -98,10 +98,21 @@ def test_vocab_mapping_uses_llama_cpp_d2t(tmp_path):
     tensors = {t.name: t for t in gguf.GGUFReader(tmp_path / "v.gguf").tensors}
     assert tensors["d2t"].tensor_type == QType.I64  # absolute target ids, as llama.cpp scatters with
     assert np.array(tensors["d2t"].data).tolist() == draft.vocab_ids.tolist()
-    assert np.array(tensors["dflash_robot.t2d"].data).astype(bool).tolist() == draft.t2d.tolist()
+    assert "dflash_robot.t2d" not in tensors  # rebuilt from d2t; llama.cpp loads no unknown tensor
     back = load_draft(tmp_path / "v.gguf")
     assert torch.equal(back.d2t, draft.d2t) and torch.equal(back.t2d, draft.t2d)
     assert back.metadata.draft_vocab_size == 20
+
+
+def test_older_files_with_a_t2d_tensor_still_load(tmp_path):
+    """Files written before t2d was dropped carry `dflash_robot.t2d`: read, and checked against d2t."""
+    draft = vocab_draft()
+    save_gguf_draft(draft, tmp_path / "v.gguf", "f32")
+    t2d = draft.t2d.numpy().astype(np.int8)
+    back = load_draft(rewrite(tmp_path / "v.gguf", tmp_path / "old.gguf", tensors={"dflash_robot.t2d": t2d}))
+    assert torch.equal(back.t2d, draft.t2d) and torch.equal(back.d2t, draft.d2t)
+    with pytest.raises(DraftLoadError, match="disagree"):
+        load_draft(rewrite(tmp_path / "v.gguf", tmp_path / "bad.gguf", tensors={"dflash_robot.t2d": 0 * t2d}))
 
 
 def test_file_with_only_llama_cpp_keys_loads(tmp_path):
@@ -268,3 +279,66 @@ def test_convert_cli_errors(saved, tmp_path, capsys, args, match):
     paths = dict(d=saved / "draft", g=saved / "draft-f32.gguf", t=tmp_path)
     assert main(["convert", *(a.format(**paths) for a in args)]) == 2
     assert match in capsys.readouterr().err
+
+
+def _tokenizer_gguf(path, n_tokens):
+    """A stand-in target GGUF holding only a tokenizer (llama.cpp's keys) of n_tokens tokens."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(n_tokens)])
+    w.add_token_types([1] * n_tokens)
+    w.add_token_merges(["t 1"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_mask_token_id(0)  # the target's own mask (if any) must not replace the draft's
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_convert_copies_the_targets_tokenizer(saved, tmp_path):
+    tok = _tokenizer_gguf(tmp_path / "target.gguf", 64)
+    out = tmp_path / "with-tok.gguf"
+    assert main(["convert", str(saved / "draft"), str(out), "--tokenizer-from", str(tok)]) == 0
+    fields = gguf.GGUFReader(out).fields
+    src = gguf.GGUFReader(tok).fields
+    for k in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+              "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        assert fields[k].contents() == src[k].contents() and fields[k].types == src[k].types
+    assert fields["tokenizer.ggml.mask_token_id"].contents() == MASK  # the draft's mask token
+    back = load_draft(out)  # and the runtime reads the file as before
+    assert back.metadata == load_draft(saved / "draft").metadata
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--tokenizer-from", "/nonexistent.gguf"], "is not a file"),
+    (["--tokenizer-from", "WRONG"], "not this draft's target"),
+])
+def test_convert_refuses_a_wrong_tokenizer(saved, tmp_path, capsys, args, match):
+    args = [str(_tokenizer_gguf(tmp_path / "t48.gguf", 48)) if a == "WRONG" else a for a in args]
+    assert main(["convert", str(saved / "draft"), str(tmp_path / "x.gguf"), *args]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.e2e
+def test_the_shipped_draft_loads_in_llama_cpp(tmp_path):
+    """With the target's tokenizer copied in, llama.cpp (llama-cpp-python, installed with the
+    default target) loads our GGUF draft as its `dflash` architecture, d2t vocabulary included."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    out = tmp_path / "smollm2-draft.gguf"
+    from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT
+
+    assert main(["convert", str(SHIPPED_DRAFT), str(out), "--tokenizer-from", "default"]) == 0
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(out).encode(), params)
+    assert model, "llama.cpp refused the draft"
+    try:
+        assert llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)) == 49152
+        assert llama_cpp.llama_model_n_embd(model) == 576
+        assert llama_cpp.llama_model_n_layer(model) == load_draft(out).shape.num_layers
+    finally:
+        llama_cpp.llama_model_free(model)

@@ -1,5 +1,6 @@
 """The training objective and loop, on tiny models."""
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ from dflash_robot.errors import ConfigError, DFlashError
 from dflash_robot.training import objective
 from dflash_robot.training.data import _pack, check_not_evaluation, load_dataset
 from dflash_robot.training.run import batch_indices, load_checkpoint
-from dflash_robot.training.trainer import DraftTrainer, OptimConfig
+from dflash_robot.training.trainer import DraftTrainer, OptimConfig, lr_lambda
 
 
 def brute_force_mask(anchors, seq_len, q):
@@ -78,11 +79,11 @@ def _data(family="llama", n=24):
     return seqs
 
 
-def _trainer(steps=40, seed=0):
+def _trainer(steps=40, seed=0, lr=3e-3):
     torch.manual_seed(seed)
     model = taught_target("llama")
     draft = build_draft(model.config, 2, 8, MASK)
-    return DraftTrainer(model, draft, OptimConfig(lr=3e-3, warmup_steps=5, total_steps=steps, blocks_per_seq=8))
+    return DraftTrainer(model, draft, OptimConfig(lr=lr, warmup_steps=5, total_steps=steps, blocks_per_seq=8))
 
 
 def test_training_raises_acceptance():
@@ -124,6 +125,58 @@ def test_resume_equals_uninterrupted(tmp_path):
         b2.train_step(b)
     for k, v in a.draft.state_dict().items():
         torch.testing.assert_close(v, b2.draft.state_dict()[k], rtol=1e-5, atol=1e-6)
+
+
+def test_resume_follows_this_runs_schedule(tmp_path):
+    """A resumed run may change --lr and --steps: the rate from the saved step on is the new run's
+    warm-up + cosine, not the first run's peak brought back by the scheduler's saved state."""
+    data = _data()
+    a = _trainer(steps=12)
+    for s in range(6):
+        a.train_step(data[(s * 4) % 24:(s * 4) % 24 + 4])
+    torch.save({"trainer": a.state_dict()}, tmp_path / "ck.pt")
+    b = _trainer(steps=30, lr=1e-4)
+    b.load_state_dict(load_checkpoint(tmp_path / "ck.pt")["trainer"])
+    want = [1e-4 * lr_lambda(b.cfg)(k) for k in range(6, 9)]
+    assert [g["lr"] for g in b.opt.param_groups] == pytest.approx([want[0]])
+    got = [b.train_step(data[(s * 4) % 24:(s * 4) % 24 + 4])["lr"] for s in range(6, 9)]
+    assert got == pytest.approx(want[1:] + [1e-4 * lr_lambda(b.cfg)(9)])
+    assert b.opt.param_groups[0]["lr"] < 1e-4  # never the first run's 3e-3
+
+
+def test_step_loss_is_the_batch_weighted_mean():
+    """The gradient of one step is that of sum(weighted CE) / sum(weights) over the whole batch,
+    whatever the sequences' lengths (no per-sequence or per-token renormalisation)."""
+    data = [_data()[0], (_data()[1][0][:14], _data()[1][1][:14])]  # a long and a short sequence
+    tr = _trainer()
+    tr.cfg = dataclasses.replace(tr.cfg, grad_clip=1e9)  # unclipped, to compare
+    tr.opt.step = lambda: None  # keep the weights: compare the gradients the step left
+    state = tr.gen.get_state()
+    tr.train_step(data)
+    got = [p.grad.clone() for p in tr.draft.parameters()]
+    tr.gen.set_state(state)  # the same anchors again
+    tr.draft.zero_grad(set_to_none=True)
+    parts = [tr.sequence_loss(ids, m) for ids, m in data]
+    (sum(p[0] for p in parts) / sum(p[1] for p in parts)).backward()
+    for g, p in zip(got, tr.draft.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_holdout_prompts_never_reach_training():
+    from dflash_robot.training.run import TrainRun, _split
+
+    def sample(shard, k, prompt, response):
+        ids = torch.tensor(prompt + response)
+        m = torch.zeros_like(ids, dtype=torch.bool)
+        m[len(prompt):] = True
+        return ids, m, (shard, k, k + len(ids))
+
+    samples = [sample("shard-00000", 0, [1, 2, 3], [4, 5]), sample("shard-00000", 5, [7, 8], [9, 9]),
+               sample("shard-00001", 0, [1, 2, 3], [4, 6]),  # the held-out prompt, drawn again
+               sample("shard-00001", 5, [1, 2], [3, 4])]
+    hold, train = _split(samples, TrainRun(out="x", data="x", holdout=1, holdout_shards="shard-00000"))
+    assert [s[2] for s in hold] == [("shard-00000", 0, 5)]
+    assert [s[2] for s in train] == [("shard-00000", 5, 9), ("shard-00001", 5, 9)]
 
 
 def test_batch_order_is_deterministic_and_sharded():

@@ -67,6 +67,59 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
     g.add_argument("--threads", type=int_at_least(1), help="torch intra-op threads (default: torch's choice)")
 
 
+def add_decoding_args(d: argparse._ArgumentGroup, per_request: bool = False) -> None:
+    """The block-size, adaptive and rollback options `generate` and `serve` share. `per_request`:
+    the values are defaults that each request may override (serve)."""
+    default = "default " if per_request else ""
+    d.add_argument("--block-size", type=int_at_least(1),
+                   help=f"{default}tokens verified per step, 1..the draft's training block size (1 = plain "
+                        "autoregressive decoding; default: the draft's own default)"
+                        + ("; requests may set their own 'block_size'" if per_request else ""))
+    d.add_argument("--adaptive", action="store_true",
+                   help=("requests without 'block_size' get" if per_request else "choose each step's")
+                   + " an adaptive block size, from recent acceptance and the measured iteration-cost curve "
+                     "(measured once in about 20 s, then cached for a week; see --cost-cache)")
+    d.add_argument("--cost-cache", default=DEFAULT_COST_CACHE,
+                   help="JSON file caching the iteration-cost curve ('' to re-measure every run)")
+    d.add_argument("--rollback", choices=["replay", "capture"], default=None,
+                   help="rollback of hybrid (linear-attention/SSM) targets (default: capture where the model's "
+                        "kernel allows it)")
+
+
+def check_block_size(args: argparse.Namespace) -> None:
+    """--block-size against --adaptive and the draft's (or the ExecuTorch export's) training block
+    size, read from its header; call after `check_paths`."""
+    from dflash_robot.errors import ConfigError
+
+    if args.adaptive and args.block_size is not None:
+        raise ConfigError("--adaptive chooses the block size itself; drop --block-size")
+    if args.block_size != 1:  # a draft is used: its header is read now, so a bad one fails before loading
+        manifest = getattr(args, "executorch_manifest", None)
+        top = int(manifest["block_size"]) if manifest else draft_training_block_size(args.draft)
+        if args.block_size is not None and args.block_size > top:
+            raise ConfigError(f"--block-size {args.block_size} is out of range: this draft supports 1..{top} "
+                              "(its training block size)")
+
+
+def load_runtime(args: argparse.Namespace, no_draft: bool = False):  # type: ignore[no-untyped-def]
+    """`DFlashRuntime.load` with the options of `add_model_args` and `add_decoding_args`."""
+    from dflash_robot.runtime.api import DFlashRuntime
+
+    extra = {k: getattr(args, k) for k in ("precision", "draft_device", "draft_dtype", "engine")
+             if getattr(args, k, None) is not None}  # the options `add_model_args(engine=True)` adds
+    return DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
+                              device=args.device, no_draft=no_draft, rollback=args.rollback,
+                              fast_linears=not args.no_fast_linears, **extra)
+
+
+def cost_progress(done: int, total: int) -> None:
+    """Progress line for the adaptive policy's one-time cost measurement (stderr)."""
+    import sys
+
+    print(f"\rmeasuring the iteration-cost curve for --adaptive: round {done}/{total} ...", end="",
+          file=sys.stderr, flush=True)
+
+
 def check_paths(args: argparse.Namespace) -> None:
     """Fail on a missing --target / --draft before anything loads."""
     from dflash_robot.errors import ConfigError

@@ -2,6 +2,7 @@
 
     dflash-robot convert runs/my-draft/draft my-draft.gguf --outtype q8_0
     dflash-robot convert my-draft.gguf runs/my-draft-again
+    dflash-robot convert dflash_robot/drafts/smollm2-135m-instruct smollm2-draft.gguf --tokenizer-from default
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("src", metavar="SRC", help="draft directory or .gguf file")
     p.add_argument("dst", metavar="DST", help=".gguf file (from a directory) or directory (from a .gguf)")
     p.add_argument("--outtype", default="auto", choices=["auto", "f32", "f16", "bf16", "q8_0"], help=OUTTYPE_HELP)
+    p.add_argument("--tokenizer-from", metavar="TARGET.gguf",
+                   help="to GGUF: copy the target's tokenizer (its tokenizer.ggml.* keys) into the file, which "
+                        "llama.cpp needs to load it; 'default' = the default SmolLM2 target's GGUF. The draft's "
+                        "vocabulary must match it")
 
 
 def _to_gguf(src: Path, dst: Path) -> bool:
@@ -60,6 +65,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not to_gguf and args.outtype == "q8_0":
         raise ConfigError("--outtype q8_0 is a GGUF storage type; a draft directory takes f32, f16 or bf16")
+    tok = args.tokenizer_from
+    if tok is not None:
+        if not to_gguf:
+            raise ConfigError("--tokenizer-from applies when writing a GGUF file (SRC a draft directory)")
+        if tok == "default":
+            from dflash_robot.targets.loading import default_target_path
+
+            tok = default_target_path()
+        if not Path(tok).is_file():
+            raise ConfigError(f"--tokenizer-from {tok} is not a file")
     import torch
 
     from dflash_robot.drafts.checkpoint import load_draft, save_draft
@@ -67,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     if to_gguf:
         draft = load_draft(src)
-        save_gguf_draft(draft, dst, args.outtype)
-        what = f"{args.outtype} GGUF"
+        save_gguf_draft(draft, dst, args.outtype, tokenizer_from=tok)
+        what = f"{args.outtype} GGUF" + (" with the target's tokenizer" if tok else "")
     else:
         dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}.get(args.outtype)
         draft = load_gguf_draft(src, dtype=dtype)

@@ -9,13 +9,15 @@ import time
 from typing import Any
 
 from dflash_robot.cli.common import (
-    DEFAULT_COST_CACHE,
     HelpFormatter,
+    add_decoding_args,
     add_model_args,
+    check_block_size,
     check_paths,
-    draft_training_block_size,
+    cost_progress,
     int_at_least,
     int_list,
+    load_runtime,
 )
 
 DESCRIPTION = """Generate text from a prompt with DFlash speculative decoding.
@@ -40,20 +42,13 @@ def add_parser(sub: Any) -> None:
     add_model_args(g)
     d = g.add_argument_group("decoding")
     d.add_argument("--max-new-tokens", type=int_at_least(1), default=128, help="tokens to generate at most")
-    d.add_argument("--block-size", type=int_at_least(1),
-                   help="tokens verified per step, 1..the draft's training block size (1 = plain autoregressive "
-                        "decoding; default: the draft's own default)")
-    d.add_argument("--adaptive", action="store_true",
-                   help="choose each step's block size from recent acceptance and the measured iteration-cost "
-                        "curve (measured once in about 20 s, then cached for a week; see --cost-cache)")
+    add_decoding_args(d)
     d.add_argument("--tree-budget", type=int_at_least(0), default=0,
                    help="verify a draft tree (DDTree) of this many drafted nodes per step instead of a chain "
                         "(0 = chain); the tree is at most --block-size - 1 deep. With --adaptive: let the policy "
                         "choose, each step, between this tree and the chain block sizes")
     d.add_argument("--tree-topk", type=int_at_least(1), default=None,
                    help="candidates per depth of the tree (default: the budget)")
-    d.add_argument("--cost-cache", default=DEFAULT_COST_CACHE,
-                   help="JSON file caching the iteration-cost curve ('' to re-measure every run)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
     d.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
@@ -64,9 +59,6 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     d.add_argument("--verify-mode", choices=["batched", "sequential"], default="batched",
                    help="sequential verifies one token at a time (a numerics reference, slower)")
-    d.add_argument("--rollback", choices=["replay", "capture"], default=None,
-                   help="rollback of hybrid (linear-attention/SSM) targets (default: capture where the model's "
-                        "kernel allows it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
@@ -76,8 +68,6 @@ def _validate(args: argparse.Namespace) -> None:
     from dflash_robot.runtime.config import SamplingConfig
 
     SamplingConfig(args.temperature, args.top_p, args.top_k)
-    if args.adaptive and args.block_size is not None:
-        raise ConfigError("--adaptive chooses the block size itself; drop --block-size")
     if args.tree_budget and args.block_size == 1:
         raise ConfigError("--tree-budget needs a draft block: --block-size must be >= 2")
     if args.tree_budget and args.verify_mode == "sequential":
@@ -97,30 +87,18 @@ def _validate(args: argparse.Namespace) -> None:
         if not args.prompt.strip():
             raise ConfigError("the prompt read from stdin is empty")
     check_paths(args)
-    needs_draft = args.adaptive or (args.block_size or 2) > 1
-    if needs_draft:
-        manifest = getattr(args, "executorch_manifest", None)
-        top = int(manifest["block_size"]) if manifest else draft_training_block_size(args.draft)
-        if args.block_size is not None and args.block_size > top:
-            raise ConfigError(f"--block-size {args.block_size} is out of range: this draft supports 1..{top} "
-                              "(its training block size)")
+    check_block_size(args)
 
 
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     import torch
 
-    from dflash_robot.runtime.api import DEFAULT_PRECISION, DFlashRuntime
-
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t_load = time.perf_counter()
     print("loading the target and draft ...", file=sys.stderr, flush=True)
-    rt = DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
-                            device=args.device, no_draft=args.block_size == 1 and args.draft is None,
-                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine,
-                            precision=args.precision or DEFAULT_PRECISION, draft_device=args.draft_device,
-                            draft_dtype=args.draft_dtype)
+    rt = load_runtime(args, no_draft=args.block_size == 1 and args.draft is None)
     load_s = time.perf_counter() - t_load
     prompt = args.input_ids if args.input_ids is not None else args.prompt
     ids = rt.encode(prompt, chat=not args.no_chat_template)
@@ -130,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                     tree_budget=args.tree_budget, tree_topk=args.tree_topk)
     policy = None
     if args.adaptive:  # with --tree-budget N the policy also weighs that tree against the chain sizes
-        policy = rt.adaptive_policy(args.cost_cache or None, progress=_cost_progress,
+        policy = rt.adaptive_policy(args.cost_cache or None, progress=cost_progress,
                                     tree_budgets=[args.tree_budget] if args.tree_budget else [])
         cfg = rt.config(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, block_size=None, seed=args.seed, stop_token_ids=args.stop_token_ids or (),
@@ -138,11 +116,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         return _print_json(rt, ids, cfg, policy, load_s)
     return _stream_text(rt, ids, cfg, policy, load_s)
-
-
-def _cost_progress(done: int, total: int) -> None:
-    print(f"\rmeasuring the iteration-cost curve for --adaptive: round {done}/{total} ...", end="",
-          file=sys.stderr, flush=True)
 
 
 def _print_json(rt: Any, ids: list[int], cfg: Any, policy: Any, load_s: float) -> int:

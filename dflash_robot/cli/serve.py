@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from dflash_robot.cli.common import (
-    DEFAULT_COST_CACHE,
     HelpFormatter,
+    add_decoding_args,
     add_model_args,
+    check_block_size,
     check_paths,
-    draft_training_block_size,
+    cost_progress,
     int_at_least,
+    load_runtime,
 )
 
 DESCRIPTION = """Serve the target with DFlash speculative decoding over an OpenAI-compatible HTTP API.
@@ -42,16 +44,7 @@ def add_parser(sub: Any) -> None:
                        formatter_class=HelpFormatter)
     add_model_args(g)
     d = g.add_argument_group("decoding")
-    d.add_argument("--block-size", type=int_at_least(1),
-                   help="default tokens verified per step, 1..the draft's training block size (requests may "
-                        "set their own 'block_size'); None: the draft's own default")
-    d.add_argument("--adaptive", action="store_true",
-                   help="requests without 'block_size' get an adaptive block size (the cost curve is measured "
-                        "once at startup, then cached; see --cost-cache)")
-    d.add_argument("--cost-cache", default=DEFAULT_COST_CACHE,
-                   help="JSON file caching the iteration-cost curve ('' to re-measure)")
-    d.add_argument("--rollback", choices=["replay", "capture"], default=None,
-                   help="rollback of hybrid (linear-attention/SSM) targets; None: capture where possible")
+    add_decoding_args(d, per_request=True)
     d.add_argument("--default-max-tokens", type=int_at_least(1), default=128,
                    help="new tokens for requests that set neither max_tokens nor max_completion_tokens")
     h = g.add_argument_group("server")
@@ -82,18 +75,12 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"serve needs {', '.join(missing)}: pip install 'dflash-robot[serve]'")
     if args.port > 65535:
         raise ConfigError(f"--port {args.port} is out of range: 0..65535")
-    if args.adaptive and args.block_size is not None:
-        raise ConfigError("--adaptive chooses the block size itself; drop --block-size")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key is empty")
     if args.model_name is not None and not args.model_name.strip():
         raise ConfigError("--model-name is empty")
     check_paths(args)
-    if args.block_size is not None and args.block_size > 1:
-        top = draft_training_block_size(args.draft)
-        if args.block_size > top:
-            raise ConfigError(f"--block-size {args.block_size} is out of range: this draft supports 1..{top} "
-                              "(its training block size)")
+    check_block_size(args)
 
 
 def _is_loopback(host: str) -> bool:
@@ -103,11 +90,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _cost_progress(done: int, total: int) -> None:
-    print(f"\rmeasuring the iteration-cost curve for --adaptive: round {done}/{total} ...", end="",
-          file=sys.stderr, flush=True)
 
 
 def model_name(target: str | None, gguf_file: str | None) -> str:
@@ -125,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from dflash_robot.runtime.api import DFlashRuntime
     from dflash_robot.serve import ServeSettings, create_app
 
     if not _is_loopback(args.host) and args.api_key is None:
@@ -134,14 +115,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     print("loading the target and draft ...", file=sys.stderr, flush=True)
-    # model options that `add_model_args` may offer (precision, draft placement): passed when given
-    extra = {k: getattr(args, k) for k in ("precision", "draft_device", "draft_dtype")
-             if getattr(args, k, None) is not None}
-    rt = DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
-                            device=args.device, rollback=args.rollback, fast_linears=not args.no_fast_linears,
-                            engine=args.engine, **extra)
+    rt = load_runtime(args)
     if args.adaptive:
-        rt.adaptive_policy(args.cost_cache or None, progress=_cost_progress)  # measure now, not in a request
+        rt.adaptive_policy(args.cost_cache or None, progress=cost_progress)  # measure now, not in a request
         print(file=sys.stderr)
     settings = ServeSettings(model_name=args.model_name or model_name(args.target, args.gguf_file),
                              api_key=args.api_key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,

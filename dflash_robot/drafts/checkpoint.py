@@ -214,5 +214,7 @@ def save_draft(draft: DFlashDraft, path: str | Path, dtype: torch.dtype | None =
     tmp = path / (WEIGHTS_NAME + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(path / WEIGHTS_NAME)
-    (path / CONFIG_NAME).write_text(json.dumps(draft_config_dict(draft), indent=2, sort_keys=True) + "\n")
+    tmp = path / (CONFIG_NAME + ".tmp")
+    tmp.write_text(json.dumps(draft_config_dict(draft), indent=2, sort_keys=True) + "\n")
+    tmp.replace(path / CONFIG_NAME)  # a crash leaves the previous config, never half of one
     return path

@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType as QType
 from dflash_robot.drafts.checkpoint import _check_state, qwen3_config
 from dflash_robot.drafts.metadata import DraftMetadata, default_loss_decay
 from dflash_robot.drafts.model import DFlashDraft
-from dflash_robot.errors import ConfigError, DraftLoadError, UnsupportedModelError
+from dflash_robot.errors import ConfigError, DraftLoadError, IncompatibleDraftError, UnsupportedModelError
 
 ARCH = "dflash"  # llama.cpp's LLM_ARCH_DFLASH
 FORMAT_VERSION = 1
@@ -97,9 +97,13 @@ def zlab_name(name: str) -> str | None:
 
 # --- writing ---------------------------------------------------------------------------
 
-def save_gguf_draft(draft: DFlashDraft, path: str | Path, outtype: str = "auto") -> Path:
+def save_gguf_draft(draft: DFlashDraft, path: str | Path, outtype: str = "auto",
+                    tokenizer_from: str | Path | None = None) -> Path:
     """Write `draft` as one GGUF file. outtype: auto (the draft's own dtype), f32, f16, bf16 or
-    q8_0; 1-D tensors (norms) stay F32 whatever the outtype, as in llama.cpp's converter."""
+    q8_0; 1-D tensors (norms) stay F32 whatever the outtype, as in llama.cpp's converter.
+    `tokenizer_from`: the target's GGUF file, whose `tokenizer.ggml.*` keys are copied in (as
+    llama.cpp's converter does with --target-model-dir): llama.cpp loads no model without a
+    vocabulary. This runtime does not need them."""
     path = Path(path)
     src_dtype = draft.fc.weight.dtype
     if outtype == "auto":
@@ -107,11 +111,16 @@ def save_gguf_draft(draft: DFlashDraft, path: str | Path, outtype: str = "auto")
     if outtype not in _FILE_TYPE:
         raise ConfigError(f"outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
     _check_exportable(draft)
+    tokenizer = target_tokenizer_fields(tokenizer_from, draft.shape.vocab_size) if tokenizer_from else []
     tmp = path.with_name(path.name + ".tmp")
     w = gguf.GGUFWriter(tmp, ARCH)
     _write_keys(w, draft, outtype, src_dtype)
+    for f in tokenizer:
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
     for name, t in draft.state_dict().items():
-        if not name.startswith("rotary_emb."):
+        if not name.startswith("rotary_emb.") and name != "t2d":  # t2d follows from d2t; llama.cpp refuses
+            # a file with tensors its loader does not take ("wrong number of tensors")
             data, qtype = _encode(name, t, outtype)
             w.add_tensor(gguf_name(name), data, raw_shape=data.shape if qtype else None, raw_dtype=qtype)
     try:
@@ -126,6 +135,25 @@ def save_gguf_draft(draft: DFlashDraft, path: str | Path, outtype: str = "auto")
         tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write the GGUF draft {path}: {e}") from e
     return path
+
+
+def target_tokenizer_fields(target_gguf: str | Path, vocab_size: int) -> list[Any]:
+    """The `tokenizer.*` fields of a target GGUF file (not its mask token: the draft's is written),
+    checked to hold `vocab_size` tokens, the draft's vocabulary."""
+    p = Path(target_gguf)
+    if not p.is_file() or p.suffix.lower() != ".gguf":
+        raise ConfigError(f"{p}: the tokenizer source must be the target's .gguf file")
+    try:
+        fields = gguf.GGUFReader(p).fields
+    except (ValueError, IndexError, KeyError, OSError, EOFError) as e:
+        raise ConfigError(f"{p}: corrupt or truncated GGUF file ({e})") from e
+    tokens = fields.get(K_TOKENS)
+    if tokens is None:
+        raise ConfigError(f"{p}: no {K_TOKENS} key; it holds no tokenizer to copy")
+    if len(tokens.data) != vocab_size:
+        raise IncompatibleDraftError(f"{p}: its tokenizer has {len(tokens.data)} tokens, the draft's vocabulary "
+                                     f"{vocab_size}: not this draft's target")
+    return [f for k, f in fields.items() if k.startswith("tokenizer.") and k != K_MASK]
 
 
 def _check_exportable(draft: DFlashDraft) -> None:
@@ -182,8 +210,6 @@ def _encode(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray, QType
     """A state-dict tensor -> (numpy data, raw GGML type or None when numpy's dtype says it)."""
     if name == "d2t":  # offsets -> the absolute target ids llama.cpp indexes with
         return (t.cpu() + torch.arange(t.shape[0])).numpy().astype(np.int64), None
-    if name == "t2d":
-        return t.cpu().numpy().astype(np.int8), None
     x = t.detach().cpu().float().numpy()
     if t.ndim <= 1 or outtype == "f32":
         return x, None

@@ -14,7 +14,6 @@ the chat template applied to text and to messages.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,35 +274,17 @@ class DFlashRuntime:
         ids = self.encode(prompt, chat)
         policy = self.adaptive_policy() if adaptive else None
         text = TextStream(self.tokenizer, stop) if self.tokenizer is not None else None
-        tokens: list[int] = []
-        acc: list[int] = []
-        sizes: list[int] = []
-        ttft = draft_s = verify_s = 0.0
-        reason = "length"
-        t0 = time.perf_counter()
-        gen = self.orchestrator.stream(ids, cfg, policy)
-        for ev in gen:
-            if ev.acceptance_length is None:
-                ttft = time.perf_counter() - t0
-            else:
-                acc.append(ev.acceptance_length)
-                sizes.append(ev.block_size)
-                draft_s += ev.draft_s
-                verify_s += ev.verify_s
-            tokens.extend(ev.tokens)
-            reason = ev.finish_reason or reason
-            if text is not None:
-                text.push(ev.tokens)
-                if text.stopped:
-                    reason = "stop"
-                    gen.close()
-                    break
-        total = time.perf_counter() - t0
-        if text is not None:
-            text.finish()
-        return Completion(token_ids=tokens, acceptance_lengths=acc, block_sizes=sizes, finish_reason=reason,
-                          prompt_tokens=len(ids), time_to_first_token_s=ttft, decode_s=max(total - ttft, 0.0),
-                          draft_s=draft_s, verify_s=verify_s, text=text.text if text is not None else "")
+
+        if text is None:
+            return Completion(**vars(self.orchestrator.generate(ids, cfg, policy)))
+
+        def stopped(new_tokens: list[int]) -> bool:
+            text.push(new_tokens)
+            return text.stopped
+
+        r = self.orchestrator.generate(ids, cfg, policy, stopped)
+        text.finish()
+        return Completion(**vars(r), text=text.text)
 
     # --- adaptive block size -----------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -191,7 +191,10 @@ class RuntimeOrchestrator:
         return q
 
     def generate(self, prompt_ids: Sequence[int] | torch.Tensor, cfg: GenerationConfig,
-                 policy: BlockSizePolicy | None = None) -> GenerationResult:
+                 policy: BlockSizePolicy | None = None,
+                 should_stop: Callable[[list[int]], bool] | None = None) -> GenerationResult:
+        """Decode to the end and collect the events' tokens and statistics. `should_stop(new_tokens)`
+        is called with each event's tokens; True ends the generation there (finish reason "stop")."""
         t0 = time.perf_counter()
         tokens: list[int] = []
         acc: list[int] = []
@@ -199,16 +202,23 @@ class RuntimeOrchestrator:
         ttft = draft_s = verify_s = 0.0
         reason = "length"
         n_prompt = int(torch.as_tensor(prompt_ids).numel())
-        for ev in self.stream(prompt_ids, cfg, policy):
-            if ev.acceptance_length is None:
-                ttft = time.perf_counter() - t0
-            else:
-                acc.append(ev.acceptance_length)
-                sizes.append(ev.block_size)
-                draft_s += ev.draft_s
-                verify_s += ev.verify_s
-            tokens.extend(ev.tokens)
-            reason = ev.finish_reason or reason
+        gen = self.stream(prompt_ids, cfg, policy)
+        try:
+            for ev in gen:
+                if ev.acceptance_length is None:
+                    ttft = time.perf_counter() - t0
+                else:
+                    acc.append(ev.acceptance_length)
+                    sizes.append(ev.block_size)
+                    draft_s += ev.draft_s
+                    verify_s += ev.verify_s
+                tokens.extend(ev.tokens)
+                reason = ev.finish_reason or reason
+                if should_stop is not None and should_stop(ev.tokens):
+                    reason = "stop"
+                    break
+        finally:
+            gen.close()  # frees the engine at once, also when stopped early
         total = time.perf_counter() - t0
         return GenerationResult(tokens, acc, sizes, reason, n_prompt, ttft,
                                 max(total - ttft, 0.0), draft_s, verify_s)

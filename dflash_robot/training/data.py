@@ -194,7 +194,7 @@ class Shard:
         return ids, mask
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.stem + ".tmp.npz")
+        tmp = path.with_name("." + path.stem + ".tmp.npz")  # hidden: `shard_paths` never lists it
         np.savez_compressed(tmp, tokens=self.tokens, offsets=self.offsets, response_start=self.response_start,
                             source=np.array(self.source))
         tmp.replace(path)  # a shard appears only when complete
@@ -284,7 +284,7 @@ def _unpad_features(feats: torch.Tensor, prompts: list[list[int]], resps: list[l
 # ---------------------------------------------------------------- reading
 
 def shard_paths(data_dir: str | Path) -> list[Path]:
-    return sorted(Path(data_dir).glob("shard-*.npz"))
+    return sorted(p for p in Path(data_dir).glob("shard-*.npz") if not p.name.endswith(".tmp.npz"))
 
 
 class FeatureStore:

@@ -105,7 +105,8 @@ def save_checkpoint(trainer: DraftTrainer, path: Path) -> None:
 
 
 def batch_indices(step: int, n: int, batch: int, seed: int, rank: int, world: int) -> list[int]:
-    """Deterministic epoch-shuffled indices for `step` on `rank` (resume replays the same order)."""
+    """Deterministic epoch-shuffled indices for `step` on `rank`: a resume on the same data
+    replays the same order; on grown data (another `n`) every epoch is shuffled anew."""
     per_step = batch * world
     start = step * per_step
     out = []
@@ -129,9 +130,10 @@ def token_coverage(samples: list, sizes: tuple[int, ...] = (1024, 2048, 4096, 81
 
 
 @torch.no_grad()
-def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], max_len: int) -> int:
+def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...]) -> int:
     """Compute (once) the tapped features of shards that lack them, into the first stored tap set
-    that covers `layer_ids` (else one for exactly `layer_ids`). Returns shards computed."""
+    that covers `layer_ids` (else one for exactly `layer_ids`). Every row of every sample is
+    computed, whatever `--max-len` (a later run may read further). Returns shards computed."""
     existing = [d for d in sorted((data_dir / "features").glob("taps-*"))
                 if all(i in [int(x) for x in d.name[5:].split("-")] for i in layer_ids)]
     fdir = existing[0] if existing else taps_dir(data_dir, layer_ids)
@@ -142,16 +144,15 @@ def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], max_
         rows = []
         for i in range(len(shard)):
             ids, _ = shard.sample(i)
-            f = target_features(model, ids[:max_len].to(model.device), ids_stored).to(torch.bfloat16).cpu()
-            pad = ids.shape[0] - f.shape[0]  # rows past max_len are never read
-            rows.append(torch.cat([f, f.new_zeros(pad, f.shape[1])]) if pad else f)
+            rows.append(target_features(model, ids.to(model.device), ids_stored).to(torch.bfloat16).cpu())
         _save_features(fdir / f"{p.stem}.npy", torch.cat(rows))
     return len(todo)
 
 
 def _split(samples: list, run: TrainRun) -> tuple[list, list]:
     """Held-out samples: taken round-robin from `holdout_shards` (a fixed set, so estimates stay
-    comparable as data grows); only they are left out of training."""
+    comparable as data grows); they, and any other sample with the same prompt, are left out of
+    training."""
     names = [s for s in run.holdout_shards.split(",") if s]
     pools = {n: [s for s in samples if s[2][0] == n] for n in names}
     hold: list = []
@@ -160,7 +161,15 @@ def _split(samples: list, run: TrainRun) -> tuple[list, list]:
         hold += [v[k] for v in pools.values() if k < len(v)][:run.holdout - len(hold)]
         k += 1
     held = {s[2] for s in hold}
-    return hold, [s for s in samples if s[2] not in held]
+    prompts = {_prompt(s) for s in hold}  # a prompt drawn twice (the prompt pools are finite) stays out too
+    return hold, [s for s in samples if s[2] not in held and _prompt(s) not in prompts]
+
+
+def _prompt(sample: tuple) -> bytes:
+    """The tokens before a sample's first response token."""
+    ids, mask = sample[0], sample[1]
+    first = int(mask.nonzero()[0]) if mask.any() else ids.shape[0]
+    return ids[:first].numpy().tobytes()
 
 
 def evaluation_samples(data: str, train_samples: int, seed: int = 0) -> tuple[list, list]:
@@ -240,7 +249,7 @@ def train(run: TrainRun) -> Path:
         raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
     draft, info = _make_draft(run, model, tok, train_set)
     if rank == 0:
-        ensure_features(model, data_dir, draft.metadata.target_layer_ids, run.max_len)
+        ensure_features(model, data_dir, draft.metadata.target_layer_ids)
     if world > 1:
         dist.barrier()
     store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
@@ -251,6 +260,8 @@ def train(run: TrainRun) -> Path:
     ckpt = out / CKPT
     if ckpt.exists():
         trainer.load_state_dict(load_checkpoint(ckpt)["trainer"])
+        if world > 1:  # the checkpoint holds rank 0's anchor generator: give each rank its own again
+            trainer.gen.manual_seed((run.seed + rank) * 1_000_003 + trainer.step)
     logs = [open(p, "a") for p in (out / "train_log.jsonl", run.log) if p and rank == 0]  # noqa: SIM115
     if rank == 0 and trainer.step == 0:
         head = {"run": {k: v for k, v in vars(run).items()}, **info, "train_samples": len(train_set),

@@ -72,8 +72,13 @@ class DraftTrainer:
         self.cache_features = cache_features
         self.feature_cache: dict[object, torch.Tensor] = {}
         self.store = store  # training.data.FeatureStore or None
-        ids = draft.vocab_ids
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
+        self._index_labels()
+
+    def _index_labels(self) -> None:
+        """Label -> column of the draft's vocabulary (its d2t), whenever that vocabulary is set."""
+        ids = self.draft.vocab_ids
+        self.label_index = None
         if ids is not None:
             self.label_index = torch.full((self.embed.shape[0],), -1, dtype=torch.long)
             self.label_index[ids.cpu()] = torch.arange(ids.shape[0])
@@ -91,25 +96,34 @@ class DraftTrainer:
             self.feature_cache[key] = feats
         return feats
 
-    def sequence_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One sequence -> (weighted CE sum, weight sum, expected acceptance) ."""
+    def blocks(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Random anchors for one sequence and its blocks: (anchors, block ids, positions, labels
+        as draft-vocabulary columns, weights; zero outside that vocabulary)."""
         meta = self.draft.metadata
-        q = meta.training_block_size
         anchors = objective.sample_anchors(loss_mask, self.cfg.blocks_per_seq, self.gen).to(input_ids.device)
-        if anchors.numel() == 0:
-            zero = self.draft.fc.weight.sum() * 0
-            return zero, zero.detach(), torch.tensor(float("nan"))
-        feats = self.features(input_ids, key)
         ids, pos, labels, weights = objective.block_inputs(
-            input_ids, loss_mask, anchors, q, meta.mask_token_id, meta.loss_decay)
-        mask = objective.block_mask(anchors, input_ids.shape[0], q)[None, None]
-        noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
-        ctx_pos = torch.arange(input_ids.shape[0], device=input_ids.device)[None]
+            input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay)
         if self.label_index is not None:  # columns of the draft vocabulary; outside it: no loss
             cols = self.label_index.to(labels.device)[labels]
             weights = weights * (cols >= 0)
             labels = cols.clamp(min=0)
+        return anchors, ids, pos, labels, weights
+
+    def sequence_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
+                      blocks: tuple[torch.Tensor, ...] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One sequence -> (weighted CE sum, weight sum, expected acceptance); `blocks` from
+        `self.blocks` (default: drawn now)."""
+        meta = self.draft.metadata
+        q = meta.training_block_size
+        anchors, ids, pos, labels, weights = blocks if blocks is not None else self.blocks(input_ids, loss_mask)
+        if anchors.numel() == 0:
+            zero = self.draft.fc.weight.sum() * 0
+            return zero, zero.detach(), torch.tensor(float("nan"))
+        feats = self.features(input_ids, key)
+        mask = objective.block_mask(anchors, input_ids.shape[0], q)[None, None]
+        noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
+        ctx_pos = torch.arange(input_ids.shape[0], device=input_ids.device)[None]
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
             keep = weights > 0
@@ -174,10 +188,11 @@ class DraftTrainer:
         `keys` (one per sequence) enable the in-memory feature cache."""
         self.opt.zero_grad(set_to_none=True)
         batch = list(batch)
-        total_w = sum(float(m[1:].sum()) for _, m in batch) or 1.0
+        plans = [self.blocks(ids, m) for ids, m in batch]  # the loss is the batch's weighted mean CE:
+        total_w = sum(float(p[-1].sum()) for p in plans) or 1.0  # its normaliser is known before any forward
         losses, accs = [], []
         for k, (ids, m) in enumerate(batch):
-            loss_sum, w_sum, acc = self.sequence_loss(ids, m, None if keys is None else keys[k])
+            loss_sum, w_sum, acc = self.sequence_loss(ids, m, None if keys is None else keys[k], plans[k])
             (loss_sum / total_w).backward()
             losses.append(float(loss_sum.detach()) / max(float(w_sum), 1e-9))
             if not math.isnan(float(acc)):
@@ -198,5 +213,12 @@ class DraftTrainer:
         self.draft.load_state_dict(state["draft"])
         self.opt.load_state_dict(state["opt"])
         self.sched.load_state_dict(state["sched"])
+        # The schedule is this run's (`--lr`, `--warmup-steps`, `--steps`), continued from the saved
+        # step: the scheduler's saved state would otherwise bring back the first run's peak rate.
+        self.sched.base_lrs = [self.cfg.lr for _ in self.opt.param_groups]
+        for g, f in zip(self.opt.param_groups, self.sched.lr_lambdas, strict=True):
+            g["initial_lr"] = self.cfg.lr
+            g["lr"] = self.cfg.lr * f(self.sched.last_epoch)
         self.gen.set_state(state["gen"])
         self.step = int(state["step"])
+        self._index_labels()  # the checkpoint's draft vocabulary (d2t), not the one this run chose
