@@ -85,12 +85,26 @@ def test_bench_tree_runs_side_by_side(tiny_dirs, capsys):
     assert "| DFlash tree=12,q=13 |" in (out / "bench.md").read_text()
 
 
+def test_bench_without_matplotlib_fails_before_the_run(tiny_dirs, capsys, monkeypatch):
+    import importlib.util
+
+    from dflash_robot.runtime import api
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(api.DFlashRuntime, "load", lambda *a, **k: pytest.fail("loaded before the check"))
+    rc = main(["bench", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+               "--out", str(tiny_dirs / "bad"), "--no-adaptive", "--limit", "1"])
+    assert rc == 2 and "plots need matplotlib" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra,match", [
     (["--datasets", "nope"], "unknown dataset"),
     (["--tree-budgets", "0"], "--tree-budgets must be"),
     (["--tree-block-size", "4"], "needs --tree-budgets"),
     (["--block-sizes", "2,32"], "this draft supports 1..16"),
     (["--llama-cpp", "/nonexistent.gguf"], "does not exist"),
+    (["--engine", "executorch", "--hf-generate"], "--hf-generate runs transformers' generate"),
 ])
 def test_bench_bad_arguments(tiny_dirs, capsys, extra, match):
     rc = main(["bench", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),

@@ -92,7 +92,7 @@ def _no_model_load(monkeypatch):
 @pytest.mark.parametrize("extra,match", [
     (["--block-size", "99"], "1..16"), (["--adaptive", "--block-size", "4"], "--adaptive"),
     (["--draft", "/no/such/draft"], "does not exist"), (["--target", "/no/such/target"], "does not exist"),
-    (["--top-k", "-1"], "top_k"),
+    (["--top-k", "-1"], "top_k"), (["--seed", "-1"], "seed must be"), (["--stop-token-ids", "-1"], "stop_token_ids"),
 ])
 def test_arguments_validated_before_any_model_loads(model_dirs, capsys, monkeypatch, extra, match):
     target, draft = model_dirs
@@ -109,6 +109,17 @@ def test_out_of_range_integers_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layers,match", [
+    ("-1", "distinct non-negative layer indices"), ("3,3", "distinct non-negative layer indices"),
+    ("1,99", "the target has layers 0..5"),  # known only once the target's config is read: before generating
+])
+def test_data_feature_layers_are_checked(model_dirs, tmp_path, capsys, layers, match):
+    target, _ = model_dirs
+    assert main(["data", "--target", str(target), "--out", str(tmp_path / "d"), "--feature-layers", layers]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
 
 
 def test_help_does_not_import_torch():

@@ -2,6 +2,7 @@
 resumption, the feature store, and a whole training run from disk on a tiny model."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 from tiny import MASK, char_tokenizer, taught_target
 
 from dflash_robot.drafts.checkpoint import load_draft
+from dflash_robot.errors import ConfigError
 from dflash_robot.training import data as D
 from dflash_robot.training import prompts as P
 from dflash_robot.training.run import TrainRun, ensure_features, load_checkpoint, train
@@ -113,6 +115,26 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
     assert state["trainer"]["step"] == 6
     # the draft's taps (1, 3) are a subset of the stored ones: nothing was recomputed
     assert [p.name for p in (gen_dir / "features").iterdir()] == ["taps-1-3-4"]
+    # resumed with arguments that build another draft: refused before the target loads (the
+    # target path below does not exist, so reaching the load would raise something else)
+    bad = dict(vars(run), target="/nonexistent-target")
+    for change, msg in ((dict(layers=3), "--layers 3 (its draft: 2)"),
+                        (dict(draft_vocab=0), "--draft-vocab 0 (its draft: 24)"),
+                        (dict(target_layers="1,2"), "--target-layers [1, 2] (its draft: [1, 3])")):
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            train(TrainRun(**{**bad, **change}))
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(init="targt"), "--init must be random, target or draft:PATH, got 'targt'"),
+    (dict(init="draft:/no/such/draft"), "--init draft:/no/such/draft: /no/such/draft does not exist"),
+    (dict(log="/no/such/dir/x.jsonl"), "--log /no/such/dir/x.jsonl: directory /no/such/dir does not exist"),
+])
+def test_train_arguments_are_checked_before_any_slow_work(gen_dir, tmp_path, change, msg):
+    run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target="/nonexistent-target", **change)
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        train(run)
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_feature_store_reads_each_shard_from_a_tap_set_that_has_it(tmp_path):

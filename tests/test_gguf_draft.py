@@ -274,6 +274,7 @@ def test_gguf_draft_for_another_hidden_size(tmp_path):
     (["{g}", "{t}/out.gguf"], "must be a directory"),
     (["{g}", "{t}/out", "--outtype", "q8_0"], "q8_0 is a GGUF storage type"),
     (["{t}/nope", "{t}/out.gguf"], "does not exist"),
+    (["{g}", "{d}"], "exists and is not empty"),  # never over an existing draft
 ])
 def test_convert_cli_errors(saved, tmp_path, capsys, args, match):
     paths = dict(d=saved / "draft", g=saved / "draft-f32.gguf", t=tmp_path)

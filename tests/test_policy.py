@@ -138,6 +138,19 @@ def test_measured_costs_are_cached(tmp_path, monkeypatch):
     assert load_or_measure_costs(rt, [1, 2], cache, "k") == first
 
 
+def test_an_unusable_cost_cache_loses_no_measurement(tmp_path):
+    """A cache that holds other JSON, or cannot be written, costs a warning, never the curve."""
+    rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"))
+    fake = lambda runtime, qs, **k: {q: 0.01 * q for q in qs}  # noqa: E731 - a stand-in measurement
+    other = tmp_path / "list.json"
+    other.write_text("[1, 2]")
+    assert load_or_measure_costs(rt, [1, 2], other, "k", measure=fake) == {1: 0.01, 2: 0.02}
+    assert json.loads(other.read_text())["k"]["costs"] == {"1": 0.01, "2": 0.02}
+    with pytest.warns(UserWarning, match="not written"):
+        got = load_or_measure_costs(rt, [1, 2], tmp_path, "k", measure=fake)  # a directory, not a file
+    assert got == {1: 0.01, 2: 0.02}
+
+
 def _isotonic_minmax(v):
     """Independent truth: the isotonic fit at i is max_{j<=i} min_{k>=i} mean(v[j..k])."""
     n = len(v)

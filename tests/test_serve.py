@@ -367,6 +367,11 @@ LONG = "a" * 1000  # 1000 characters = 1000 tokens: with 100 new tokens, over th
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "seed": -1}, 400, "seed"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "min_p": 0.1}, 400, "min_p"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "guided_json": {}}, 400, "guided_json"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 2**63]}, 400, "prompt"),  # past int64: not a 500
+    ("/v1/completions", {"model": MODEL, "prompt": [-1, 2]}, 400, "prompt"),
 ])
 def test_bad_requests_get_4xx_in_openai_shape(server, path, body, status, param):
     got, _, err = request(server, "POST", path, body)
@@ -385,6 +390,18 @@ def test_bad_requests_through_the_client_and_the_server_survives(server, rt):
         c.chat.completions.create(model=MODEL, messages=CHAT, n=3)
     resp = c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
     assert resp.choices[0].message.content == rt.generate(CHAT, max_new_tokens=10).text
+
+
+def test_off_values_of_extension_fields_are_accepted(server, rt):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4, "repetition_penalty": 1.0, "min_p": 0,
+            "ignore_eos": False, "stop_token_ids": []}
+    status, _, data = request(server, "POST", "/v1/completions", body)
+    assert status == 200 and data["choices"][0]["text"] == rt.generate("hi", chat=False, max_new_tokens=4).text
+
+
+def test_deeply_nested_body_is_a_400(server):
+    status, _, err = request(server, "POST", "/v1/completions", b"[" * 4000)  # under the 4096-byte limit
+    assert_error(status, err, 400)
 
 
 def test_oversized_body_413_and_unknown_route_404(server):
@@ -520,3 +537,20 @@ def test_serve_help_does_not_import_torch():
 def test_serve_validates_before_loading(capsys, extra, match):
     assert main(["serve", *extra]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_serve_refuses_a_taken_port_or_bad_host_before_loading(capsys, monkeypatch):
+    import socket
+
+    from dflash_robot.cli import serve as serve_cli
+
+    def loaded(*a, **k):
+        raise AssertionError("the model was loaded before the address was checked")
+
+    monkeypatch.setattr(serve_cli, "load_runtime", loaded)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main(["serve", "--host", "10.0.0.999"]) == 2
+    assert "cannot listen on 10.0.0.999:8000" in capsys.readouterr().err

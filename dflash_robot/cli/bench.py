@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from dflash_robot.cli.common import (
     check_paths,
     int_at_least,
     int_list,
+    load_runtime,
 )
 
 DESCRIPTION = """Measure DFlash against plain decoding on offline prompt sets, in one process.
@@ -69,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tree-budgets must be integers >= 1, got {args.tree_budgets}")
     if args.tree_block_size is not None and not args.tree_budgets:
         raise ConfigError("--tree-block-size needs --tree-budgets")
+    if args.hf_generate and args.engine == "executorch":
+        raise ConfigError("--hf-generate runs transformers' generate on the target model, which an ExecuTorch "
+                          "export does not hold; bench the export without it, or the eager target with it")
     check_paths(args)
+    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:  # not after the whole run
+        raise ConfigError("plots need matplotlib: `pip install 'dflash-robot[bench]'` (or pass --no-plots)")
     from dflash_robot.drafts.checkpoint import ensure_writable_dir
     from dflash_robot.targets.loading import default_target_path
 
@@ -95,14 +102,11 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
 
     from dflash_robot.bench.runner import BenchConfig, run_bench, write_outputs
     from dflash_robot.errors import ConfigError
-    from dflash_robot.runtime.api import DEFAULT_DRAFT, DEFAULT_PRECISION, DFlashRuntime
+    from dflash_robot.runtime.api import DEFAULT_DRAFT
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    rt = DFlashRuntime.load(target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype, device=args.device,
-                            rollback=args.rollback, fast_linears=not args.no_fast_linears, engine=args.engine,
-                            precision=args.precision or DEFAULT_PRECISION, draft_device=args.draft_device,
-                            draft_dtype=args.draft_dtype)
+    rt = load_runtime(args, target=target)
     assert rt.draft is not None
     reason = getattr(rt.target, "tree_unsupported", None)
     if args.tree_budgets and reason is not None:

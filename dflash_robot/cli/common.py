@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 DEFAULT_COST_CACHE = str(Path.home() / ".cache" / "dflash-robot" / "costs.json")
 DEFAULT_PRECISION = "auto"  # keep equal to runtime.api.DEFAULT_PRECISION (a test checks)
@@ -101,13 +102,14 @@ def check_block_size(args: argparse.Namespace) -> None:
                               "(its training block size)")
 
 
-def load_runtime(args: argparse.Namespace, no_draft: bool = False):  # type: ignore[no-untyped-def]
-    """`DFlashRuntime.load` with the options of `add_model_args` and `add_decoding_args`."""
+def load_runtime(args: argparse.Namespace, no_draft: bool = False, target: Any = None):  # type: ignore[no-untyped-def]
+    """`DFlashRuntime.load` with the options of `add_model_args` and `add_decoding_args`
+    (`target`: instead of --target)."""
     from dflash_robot.runtime.api import DFlashRuntime
 
     extra = {k: getattr(args, k) for k in ("precision", "draft_device", "draft_dtype", "engine")
              if getattr(args, k, None) is not None}  # the options `add_model_args(engine=True)` adds
-    return DFlashRuntime.load(args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
+    return DFlashRuntime.load(target or args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
                               device=args.device, no_draft=no_draft, rollback=args.rollback,
                               fast_linears=not args.no_fast_linears, **extra)
 

@@ -55,6 +55,8 @@ def _to_gguf(src: Path, dst: Path) -> bool:
         raise ConfigError(f"SRC {src} is neither a draft directory nor a .gguf file")
     if is_gguf or dst.is_file():
         raise ConfigError(f"DST {dst} must be a directory when SRC is a .gguf file")
+    if dst.is_dir() and any(dst.iterdir()):  # never write over a draft (or anything) already there
+        raise ConfigError(f"DST {dst} exists and is not empty; remove it or give a new directory")
     return False
 
 

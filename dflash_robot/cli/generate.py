@@ -65,9 +65,11 @@ def add_parser(sub: Any) -> None:
 def _validate(args: argparse.Namespace) -> None:
     """Everything that can be checked without loading a model."""
     from dflash_robot.errors import ConfigError
-    from dflash_robot.runtime.config import SamplingConfig
+    from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
 
     SamplingConfig(args.temperature, args.top_p, args.top_k)
+    GenerationConfig(max_new_tokens=args.max_new_tokens, seed=args.seed,  # seed and stop ids, before loading
+                     stop_token_ids=tuple(args.stop_token_ids or ()))
     if args.tree_budget and args.block_size == 1:
         raise ConfigError("--tree-budget needs a draft block: --block-size must be >= 2")
     if args.tree_budget and args.verify_mode == "sequential":

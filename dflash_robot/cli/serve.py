@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import ipaddress
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,11 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError("--model-name is empty")
     check_paths(args)
     check_block_size(args)
+    try:  # last: a taken port or a bad address fails now, not after the model has loaded
+        with socket.create_server((args.host, args.port)):
+            pass
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
 
 
 def _is_loopback(host: str) -> bool:

@@ -116,6 +116,8 @@ def run_data(args: argparse.Namespace) -> int:
         except ValueError:
             raise ConfigError("--feature-layers: expected 'auto', 'none' or comma-separated integers, "
                               f"got {args.feature_layers!r}") from None
+        if len(set(layers)) != len(layers) or min(layers) < 0:
+            raise ConfigError(f"--feature-layers: expected distinct non-negative layer indices, got {layers}")
     import torch
 
     from dflash_robot.drafts.metadata import build_target_layer_ids
@@ -125,11 +127,14 @@ def run_data(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_target_model(args.target or default_target_path(), args.gguf_file, args.dtype, args.device)
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n = cfg.num_hidden_layers
+    if args.feature_layers == "auto":
+        layers = sorted({i for k in (2, 3, 4) for i in build_target_layer_ids(n, k)})
+    elif layers and max(layers) >= n:
+        raise ConfigError(f"--feature-layers {layers}: the target has layers 0..{n - 1}")
     if tok is None:
         raise ConfigError("generating data needs the target's tokenizer")
-    if args.feature_layers == "auto":
-        n = model.config.num_hidden_layers
-        layers = sorted({i for k in (2, 3, 4) for i in build_target_layer_ids(n, k)})
     generate_dataset(model, tok, args.out, args.sources, args.shards, args.max_new_tokens, args.batch_size,
                      seed=args.seed, feature_layer_ids=layers)
     print(f"data in {args.out}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -339,6 +340,8 @@ def load_or_measure_costs(runtime: Any, block_sizes: Sequence[int], cache_file: 
             table = json.loads(path.read_text())
         except (OSError, ValueError):
             table = {}
+        if not isinstance(table, dict):  # valid JSON, but not this cache's table: measured anew
+            table = {}
     entry = table.get(key, {})
     cached = entry.get("costs", {}) if isinstance(entry, dict) else {}
     fresh = isinstance(entry, dict) and time.time() - float(entry.get("measured_at", 0)) < ttl_s
@@ -351,8 +354,12 @@ def load_or_measure_costs(runtime: Any, block_sizes: Sequence[int], cache_file: 
         costs = {q: min(costs[q], again[q]) for q in block_sizes}
     if path is not None:
         table[key] = {"measured_at": time.time(), "costs": {str(q): c for q, c in costs.items()}}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            tmp.replace(path)
+        except OSError as e:  # the curve is measured and used; only the caching is lost
+            warnings.warn(f"cost cache {path} not written ({e}); the curve will be measured again next time",
+                          stacklevel=2)
     return costs

@@ -83,6 +83,11 @@ def create_app(runtime: Any, settings: ServeSettings | None = None) -> FastAPI:
                              top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
                              block_size=block, seed=req.seed)
         prompt = [m.as_dict() for m in req.messages] if chat else req.prompt
+        if isinstance(prompt, list) and not chat:  # token ids: checked here, not in the worker after queueing
+            vocab = runtime.target.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:3]}", param="prompt")
         try:
             with engine.tokenizer_lock:
                 ids = runtime.encode(prompt, chat=chat)
@@ -179,8 +184,8 @@ async def _read_json(request: Request, limit: int) -> Any:
             raise too_big
     try:
         return json.loads(body)
-    except ValueError:  # includes bad UTF-8
-        raise ApiError(400, "the request body is not valid JSON") from None
+    except (ValueError, RecursionError):  # bad UTF-8 included; RecursionError: nested too deep
+        raise ApiError(400, "the request body is not valid JSON (or is nested too deeply)") from None
 
 
 async def _cancel_on_disconnect(request: Request, engine: Engine, job: Job) -> None:

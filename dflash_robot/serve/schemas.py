@@ -1,7 +1,8 @@
 """Request bodies of /v1/chat/completions and /v1/completions (pydantic), with OpenAI's
 field names and ranges, and the extensions `top_k` and `block_size`. Unknown fields are
 ignored; fields that would change the output in a way this server does not implement
-(penalties, logit_bias, logprobs, tools, JSON mode, n > 1, ...) are refused."""
+(penalties, logit_bias, logprobs, tools, JSON mode, n > 1, and vLLM's sampling extensions such
+as repetition_penalty, min_p or guided decoding) are refused unless set to their "off" value."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+    # vLLM / SGLang sampling extensions a client may send in `extra_body`
+    "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0), "typical_p": (None, 1, 1.0),
+    "min_tokens": (None, 0), "ignore_eos": (None, False), "stop_token_ids": (None, []),
+    "use_beam_search": (None, False), "guided_json": (None,), "guided_regex": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,),
 }
 
 

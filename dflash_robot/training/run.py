@@ -238,6 +238,7 @@ def train(run: TrainRun) -> Path:
         torch.set_num_threads(run.threads)
     out, data_dir = Path(run.out), Path(run.data)
     eval_block_sizes(run)  # a bad list fails before any slow work
+    check_run(run)
     ensure_writable_dir(out)
     samples = iter_samples(data_dir, run.max_len)  # fails fast on missing or corrupt data
     model, tok = load_target_model(run.target or default_target_path(), run.gguf_file, run.dtype, run.device)
@@ -304,6 +305,41 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
         if rank == 0 and (trainer.step % run.save_every == 0 or trainer.step == run.steps):
             save_checkpoint(trainer, ckpt)
             save_draft(trainer.draft, out / "draft", dtype=torch.bfloat16)
+
+
+def check_run(run: TrainRun) -> None:
+    """What can be wrong with a run's paths and arguments, checked before any slow work: --init,
+    --log's directory, and, when --out holds a checkpoint, that this run builds the same draft."""
+    if run.init not in ("random", "target"):
+        if not run.init.startswith("draft:"):
+            raise ConfigError(f"--init must be random, target or draft:PATH, got {run.init!r}")
+        src = Path(run.init.split(":", 1)[1])
+        if not src.exists():
+            raise ConfigError(f"--init {run.init}: {src} does not exist")
+    if run.log and not Path(run.log).parent.is_dir():
+        raise ConfigError(f"--log {run.log}: directory {Path(run.log).parent} does not exist")
+    out = Path(run.out)
+    saved_cfg = out / "draft" / "config.json"
+    if not (out / CKPT).exists() or not saved_cfg.is_file():
+        return
+    try:
+        cfg = json.loads(saved_cfg.read_text())
+        d = cfg.get("dflash_config") or {}
+        saved: dict[str, Any] = {"--layers": int(cfg["num_hidden_layers"]),
+                                 "--block-size": int(d.get("training_block_size", d.get("block_size", 16)))}
+        asked: dict[str, Any] = {"--layers": run.layers, "--block-size": run.block_size}
+        if run.target_layers:
+            saved["--target-layers"] = [int(i) for i in d["target_layer_ids"]]
+            asked["--target-layers"] = [int(x) for x in run.target_layers.split(",")]
+        if run.draft_vocab is not None:
+            saved["--draft-vocab"] = int(d.get("draft_vocab_size") or 0)
+            asked["--draft-vocab"] = run.draft_vocab
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{saved_cfg}: unreadable draft config beside the checkpoint ({e})") from e
+    wrong = [f"{k} {asked[k]} (its draft: {saved[k]})" for k in asked if asked[k] != saved[k]]
+    if wrong:
+        raise ConfigError(f"{out / CKPT} was written by a run with other arguments: {'; '.join(wrong)}. "
+                          "Resume with the checkpoint's arguments, or give another --out")
 
 
 def eval_block_sizes(run: TrainRun) -> list[int]:
