@@ -372,6 +372,8 @@ LONG = "a" * 1000  # 1000 characters = 1000 tokens: with 100 new tokens, over th
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "guided_json": {}}, 400, "guided_json"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 2**63]}, 400, "prompt"),  # past int64: not a 500
     ("/v1/completions", {"model": MODEL, "prompt": [-1, 2]}, 400, "prompt"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "messages.0.content"),
 ])
 def test_bad_requests_get_4xx_in_openai_shape(server, path, body, status, param):
     got, _, err = request(server, "POST", path, body)

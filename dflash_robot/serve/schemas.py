@@ -96,6 +96,15 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            kinds = sorted({str(p.get("type")) for p in v if isinstance(p, dict) and p.get("type") != "text"})
+            if kinds:
+                raise ValueError(f"only text content parts are supported (got {', '.join(kinds)})")
+        return v
+
     def as_dict(self) -> dict[str, str]:
         c = self.content
         text = c if isinstance(c, str) else "".join(p.text for p in c or [])
