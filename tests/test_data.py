@@ -137,6 +137,28 @@ def test_train_arguments_are_checked_before_any_slow_work(gen_dir, tmp_path, cha
     assert not (tmp_path / "run").exists()  # nothing written
 
 
+def test_data_of_another_target_is_refused(gen_dir, tmp_path):
+    """`data` records its target (vocabulary size, tokenizer digest) in dataset.json; resuming
+    generation or training with another target is refused before any work."""
+    saved = json.loads((gen_dir / D.MANIFEST).read_text())
+    assert saved["vocab_size"] == 64 and len(saved["tokenizer_sha256"]) == 64
+    model, tok = taught_target("llama"), char_tokenizer()
+    D.check_data_target(gen_dir, model, tok)  # its own target: accepted
+    other = char_tokenizer()
+    other.add_tokens(["<extra>"])  # one more token: another vocabulary
+    with pytest.raises(ConfigError, match="holds data of another target: its tokenizer_sha256 differ"):
+        D.generate_dataset(model, other, gen_dir, "math:1", 3, max_new_tokens=4, batch_size=2)
+    model_dir = tmp_path / "target"
+    big = taught_target("llama")
+    big.resize_token_embeddings(80)
+    big.save_pretrained(model_dir)
+    run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target=str(model_dir), layers=1, steps=1,
+                   holdout=1, holdout_shards="shard-00000", mask_token_id=MASK)
+    with pytest.raises(ConfigError, match="its vocab_size differ"):
+        train(run)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
 def test_feature_store_reads_each_shard_from_a_tap_set_that_has_it(tmp_path):
     a = torch.arange(4 * 3 * 2, dtype=torch.float32).view(4, 6).to(torch.bfloat16)
     b = -a

@@ -27,7 +27,16 @@ from tqdm import tqdm
 from dflash_robot.drafts.checkpoint import ensure_writable_dir, load_draft, save_draft
 from dflash_robot.drafts.model import DFlashDraft, build_draft
 from dflash_robot.errors import ConfigError, DFlashError
-from dflash_robot.training.data import FeatureStore, Shard, _save_features, iter_samples, shard_paths, taps_dir
+from dflash_robot.training.data import (
+    FeatureStore,
+    Shard,
+    _save_features,
+    check_data_target,
+    iter_samples,
+    shard_paths,
+    taps_dir,
+    target_identity,
+)
 from dflash_robot.training.init import initialise
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig, target_features
 
@@ -242,6 +251,12 @@ def train(run: TrainRun) -> Path:
     ensure_writable_dir(out)
     samples = iter_samples(data_dir, run.max_len)  # fails fast on missing or corrupt data
     model, tok = load_target_model(run.target or default_target_path(), run.gguf_file, run.dtype, run.device)
+    check_data_target(data_dir, model, tok)  # data of another target: refused before any feature is computed
+    vocab = target_identity(model, None)["vocab_size"]
+    top = max(int(s[0].max()) for s in samples)
+    if top >= vocab:
+        raise ConfigError(f"{data_dir}: token id {top} is outside this target's vocabulary ({vocab}); the data "
+                          "was generated with another tokenizer")
     from dflash_robot.targets.fastpath import pack_linears
 
     pack_linears(model)  # the target is frozen: its no-grad forwards use packed linears
