@@ -556,3 +556,20 @@ def test_serve_refuses_a_taken_port_or_bad_host_before_loading(capsys, monkeypat
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert main(["serve", "--host", "10.0.0.999"]) == 2
     assert "cannot listen on 10.0.0.999:8000" in capsys.readouterr().err
+
+
+def test_serve_address_check_takes_ipv6(monkeypatch):
+    """The pre-load address check binds the way uvicorn will, IPv6 included."""
+    import argparse
+    import socket
+
+    from dflash_robot.cli import serve as serve_cli
+
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            pass
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    args = argparse.Namespace(api_key=None, port=0, host="::1", model_name=None, target=None, draft=None,
+                              engine="auto", adaptive=False, block_size=None)
+    serve_cli._validate(args)  # no "cannot listen" for an IPv6 host

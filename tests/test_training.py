@@ -152,12 +152,14 @@ def test_step_loss_is_the_batch_weighted_mean():
     tr.cfg = dataclasses.replace(tr.cfg, grad_clip=1e9)  # unclipped, to compare
     tr.opt.step = lambda: None  # keep the weights: compare the gradients the step left
     state = tr.gen.get_state()
-    tr.train_step(data)
+    logged = tr.train_step(data)["loss"]
     got = [p.grad.clone() for p in tr.draft.parameters()]
     tr.gen.set_state(state)  # the same anchors again
     tr.draft.zero_grad(set_to_none=True)
     parts = [tr.sequence_loss(ids, m) for ids, m in data]
-    (sum(p[0] for p in parts) / sum(p[1] for p in parts)).backward()
+    mean = sum(p[0] for p in parts) / sum(p[1] for p in parts)
+    mean.backward()
+    assert logged == pytest.approx(float(mean), rel=1e-5)  # the logged loss is that same mean
     for g, p in zip(got, tr.draft.parameters(), strict=True):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-7)
 

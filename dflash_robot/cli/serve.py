@@ -83,7 +83,8 @@ def _validate(args: argparse.Namespace) -> None:
     check_paths(args)
     check_block_size(args)
     try:  # last: a taken port or a bad address fails now, not after the model has loaded
-        with socket.create_server((args.host, args.port)):
+        family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        with socket.create_server((args.host, args.port), family=family):  # IPv4 or IPv6, as uvicorn will
             pass
     except OSError as e:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None

@@ -23,6 +23,7 @@ import hashlib
 import json
 import random
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,10 +246,16 @@ def check_data_target(data_dir: str | Path, model: Any, tok: Any, write: bool = 
             saved = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"{path}: unreadable ({e})") from e
-        wrong = [k for k, v in ident.items() if k in saved and saved[k] != v]
-        if wrong:
-            raise ConfigError(f"{data_dir} holds data of another target: its {', '.join(wrong)} differ from this "
-                              f"target's ({path}); use the target it was generated with, or another directory")
+        if "vocab_size" in saved and saved["vocab_size"] != ident["vocab_size"]:
+            raise ConfigError(f"{data_dir} holds data of another target: its vocabulary has {saved['vocab_size']} "
+                              f"tokens, this target's {ident['vocab_size']} ({path}); use the target it was "
+                              "generated with, or another directory")
+        if "tokenizer_sha256" in saved and "tokenizer_sha256" in ident and \
+                saved["tokenizer_sha256"] != ident["tokenizer_sha256"]:
+            # a warning, not an error: one model's tokenizer loaded another way (a HF directory against
+            # its GGUF, another transformers version) may list its vocabulary differently
+            warnings.warn(f"{data_dir} was generated with a tokenizer whose vocabulary differs from this target's "
+                          f"({path}); if this is not the same model, the data does not fit it", stacklevel=2)
     elif write:
         tmp = path.with_name("." + MANIFEST + ".tmp")
         tmp.write_text(json.dumps(ident, indent=1) + "\n")

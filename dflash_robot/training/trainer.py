@@ -190,18 +190,18 @@ class DraftTrainer:
         batch = list(batch)
         plans = [self.blocks(ids, m) for ids, m in batch]  # the loss is the batch's weighted mean CE:
         total_w = sum(float(p[-1].sum()) for p in plans) or 1.0  # its normaliser is known before any forward
-        losses, accs = [], []
+        loss, accs = 0.0, []
         for k, (ids, m) in enumerate(batch):
-            loss_sum, w_sum, acc = self.sequence_loss(ids, m, None if keys is None else keys[k], plans[k])
+            loss_sum, _, acc = self.sequence_loss(ids, m, None if keys is None else keys[k], plans[k])
             (loss_sum / total_w).backward()
-            losses.append(float(loss_sum.detach()) / max(float(w_sum), 1e-9))
+            loss += float(loss_sum.detach()) / total_w
             if not math.isnan(float(acc)):
                 accs.append(float(acc))
         gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.step += 1
-        return {"loss": sum(losses) / len(losses), "tau_est": sum(accs) / len(accs) if accs else float("nan"),
+        return {"loss": loss, "tau_est": sum(accs) / len(accs) if accs else float("nan"),
                 "grad_norm": float(gnorm), "lr": float(self.sched.get_last_lr()[0])}
 
     def state_dict(self) -> dict:
