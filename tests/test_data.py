@@ -1,6 +1,7 @@
 """Self-distillation data on disk: compact shards, features captured while generating,
 resumption, the feature store, and a whole training run from disk on a tiny model."""
 
+import copy
 import json
 import re
 
@@ -149,7 +150,7 @@ def test_data_of_another_target_is_refused(gen_dir, tmp_path):
     with pytest.warns(UserWarning, match="tokenizer whose vocabulary differs"):
         D.generate_dataset(model, other, gen_dir, "math:1", 2, max_new_tokens=4, batch_size=2)  # nothing to add
     model_dir = tmp_path / "target"
-    big = taught_target("llama")
+    big = copy.deepcopy(taught_target("llama"))  # the cached model is shared: never change it in place
     big.resize_token_embeddings(80)
     big.save_pretrained(model_dir)
     run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target=str(model_dir), layers=1, steps=1,
