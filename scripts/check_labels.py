@@ -21,7 +21,7 @@ import torch
 from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.targets.loading import default_target_path, load_target_model
 from dflash_robot.training.data import FeatureStore, iter_samples
-from dflash_robot.training.run import TrainRun, _prompt, _split, holdout_chain
+from dflash_robot.training.run import TrainRun, holdout_chain, prompt_key, split_holdout
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
 
@@ -34,10 +34,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     run = TrainRun(data=args.data, out="unused")
     samples = iter_samples(args.data, run.max_len)
-    hold, _ = _split(samples, run)
+    hold, _ = split_holdout(samples, run)
     held = {s[2] for s in hold}
-    train_prompts = {_prompt(s) for s in samples if s[2] not in held}  # before `_split` drops the repeats
-    for dtype in ("float32", "bfloat16"):
+    train_prompts = {prompt_key(s) for s in samples if s[2] not in held}  # all, repeats included
+    for dtype in ("bfloat16", "float32"):  # the fp32 target stays loaded for the replay below
         model, _ = load_target_model(default_target_path(), None, dtype, "cpu")
         same = total = 0
         with torch.no_grad():
@@ -47,14 +47,13 @@ def main() -> None:
                 total += int(mask[1:].sum())
         print(f"labels: target {dtype} teacher-forced greedy == data token on {same}/{total} held-out "
               f"response tokens ({same / total:.4f})")
-    dup = [s for s in hold if _prompt(s) in train_prompts]
+    dup = [s for s in hold if prompt_key(s) in train_prompts]
     print(f"held-out samples whose prompt occurs in a training shard: {len(dup)} of {len(hold)} "
           f"({sum(int(s[1].sum()) for s in dup)} of {sum(int(s[1].sum()) for s in hold)} response tokens)")
     draft = load_draft(args.draft)
-    model, _ = load_target_model(default_target_path(), None, "float32", "cpu")
     store = FeatureStore(Path(args.data), draft.metadata.target_layer_ids, model.config.hidden_size)
     tr = DraftTrainer(model, draft, OptimConfig(bf16_autocast=True), store=store)
-    clean = [s for s in hold if _prompt(s) not in train_prompts]
+    clean = [s for s in hold if prompt_key(s) not in train_prompts]
     print(f"chain tau of {args.draft}: all {len(hold)} held-out {holdout_chain(tr, hold):.3f}, "
           f"without them ({len(clean)}) {holdout_chain(tr, clean):.3f}")
 

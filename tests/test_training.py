@@ -165,7 +165,7 @@ def test_step_loss_is_the_batch_weighted_mean():
 
 
 def test_holdout_prompts_never_reach_training():
-    from dflash_robot.training.run import TrainRun, _split
+    from dflash_robot.training.run import TrainRun, split_holdout
 
     def sample(shard, k, prompt, response):
         ids = torch.tensor(prompt + response)
@@ -176,7 +176,7 @@ def test_holdout_prompts_never_reach_training():
     samples = [sample("shard-00000", 0, [1, 2, 3], [4, 5]), sample("shard-00000", 5, [7, 8], [9, 9]),
                sample("shard-00001", 0, [1, 2, 3], [4, 6]),  # the held-out prompt, drawn again
                sample("shard-00001", 5, [1, 2], [3, 4])]
-    hold, train = _split(samples, TrainRun(out="x", data="x", holdout=1, holdout_shards="shard-00000"))
+    hold, train = split_holdout(samples, TrainRun(out="x", data="x", holdout=1, holdout_shards="shard-00000"))
     assert [s[2] for s in hold] == [("shard-00000", 0, 5)]
     assert [s[2] for s in train] == [("shard-00000", 5, 9), ("shard-00001", 5, 9)]
 

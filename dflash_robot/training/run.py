@@ -158,7 +158,7 @@ def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...]) -> i
     return len(todo)
 
 
-def _split(samples: list, run: TrainRun) -> tuple[list, list]:
+def split_holdout(samples: list, run: TrainRun) -> tuple[list, list]:
     """Held-out samples: taken round-robin from `holdout_shards` (a fixed set, so estimates stay
     comparable as data grows); they, and any other sample with the same prompt, are left out of
     training."""
@@ -170,11 +170,11 @@ def _split(samples: list, run: TrainRun) -> tuple[list, list]:
         hold += [v[k] for v in pools.values() if k < len(v)][:run.holdout - len(hold)]
         k += 1
     held = {s[2] for s in hold}
-    prompts = {_prompt(s) for s in hold}  # a prompt drawn twice (the prompt pools are finite) stays out too
-    return hold, [s for s in samples if s[2] not in held and _prompt(s) not in prompts]
+    prompts = {prompt_key(s) for s in hold}  # a prompt drawn twice (the prompt pools are finite) stays out too
+    return hold, [s for s in samples if s[2] not in held and prompt_key(s) not in prompts]
 
 
-def _prompt(sample: tuple) -> bytes:
+def prompt_key(sample: tuple) -> bytes:
     """The tokens before a sample's first response token."""
     ids, mask = sample[0], sample[1]
     first = int(mask.nonzero()[0]) if mask.any() else ids.shape[0]
@@ -187,7 +187,7 @@ def evaluation_samples(data: str, train_samples: int, seed: int = 0) -> tuple[li
     import random
 
     run = TrainRun(data=data, out="unused")
-    hold, train = _split(iter_samples(Path(data), run.max_len), run)
+    hold, train = split_holdout(iter_samples(Path(data), run.max_len), run)
     return hold, random.Random(seed).sample(train, min(train_samples, len(train)))
 
 
@@ -260,7 +260,7 @@ def train(run: TrainRun) -> Path:
     from dflash_robot.targets.fastpath import pack_linears
 
     pack_linears(model)  # the target is frozen: its no-grad forwards use packed linears
-    holdout, train_set = _split(samples, run)
+    holdout, train_set = split_holdout(samples, run)
     if not train_set:
         raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
     draft, info = _make_draft(run, model, tok, train_set)
