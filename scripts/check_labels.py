@@ -4,8 +4,9 @@ Usage: python scripts/check_labels.py [--data data/smollm2-selfdistill] [--draft
 
 1. Labels: on the held-out samples, the share of response tokens that equal the target's own
    greedy choice under teacher forcing (one forward over the whole sample), with the target in
-   fp32 and in bf16. The data was generated batched in bf16; a low share would mean the draft
-   learns a function the target as executed does not compute.
+   fp32 and in bf16, and as `generate` executes it (the default lean engine on the GGUF's own
+   Q4_1 weights). The data was generated batched in bf16; a low share would mean the draft learns
+   a function the target as executed does not compute.
 2. Held-out prompts in training: held-out samples whose prompt also occurs among the training
    shards (the prompt pools are finite), which `train` now leaves out of training; and the
    draft's chain-replay tau on the held-out set with and without those samples.
@@ -47,6 +48,18 @@ def main() -> None:
                 total += int(mask[1:].sum())
         print(f"labels: target {dtype} teacher-forced greedy == data token on {same}/{total} held-out "
               f"response tokens ({same / total:.4f})")
+    from dflash_robot.runtime.api import DFlashRuntime
+
+    engine = DFlashRuntime.load(None, None, no_draft=True).target  # what `generate` runs by default
+    same = total = 0
+    for ids, mask, _key in hold:
+        engine.reset()
+        pred = engine.verify(ids, None).logits[:-1].argmax(-1)
+        same += int(((pred == ids[1:]) & mask[1:]).sum())
+        total += int(mask[1:].sum())
+    print(f"labels: default engine ({type(engine).__name__}) teacher-forced greedy == data token on "
+          f"{same}/{total} held-out response tokens ({same / total:.4f})")
+    del engine
     dup = [s for s in hold if prompt_key(s) in train_prompts]
     print(f"held-out samples whose prompt occurs in a training shard: {len(dup)} of {len(hold)} "
           f"({sum(int(s[1].sum()) for s in dup)} of {sum(int(s[1].sum()) for s in hold)} response tokens)")

@@ -41,6 +41,17 @@ def test_prompt_sources_are_diverse_and_not_evaluation():
     assert D.check_not_evaluation(math + code, D.evaluation_prompts()) == math + code
 
 
+@pytest.mark.parametrize(("sig", "plain"), [
+    ("(G, H, *, backend=None, **backend_kwargs)", "(G, H)"),
+    ("(*, backend=None, **backend_kwargs)", "()"),
+    ("(G, *, weight='w', backend=None, **backend_kwargs)", "(G, *, weight='w')"),
+    ("(a, *, axis=0)", "(a, *, axis=0)"),
+    ("(x, backend=None)", "(x, backend=None)"),
+])
+def test_docstring_requests_drop_networkx_dispatch_parameters(sig, plain):
+    assert P.plain_signature(sig) == plain
+
+
 def test_shards_hold_the_targets_greedy_answers(gen_dir):
     model, tok = taught_target("llama"), char_tokenizer()
     shards = D.shard_paths(gen_dir)

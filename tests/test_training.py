@@ -348,3 +348,48 @@ def test_growing_a_draft_keeps_its_proposals(tmp_path):
         init_from_draft(build_draft(model.config, 4, 8, MASK, target_layer_ids=[0, 4]), tmp_path / "src")
     with pytest.raises(IncompatibleDraftError, match="layers"):
         init_from_draft(build_draft(model.config, 1, 8, MASK, target_layer_ids=[1, 4]), tmp_path / "src")
+
+
+def test_successor_anchors():
+    """a + run + 1, kept only where the next token is a response token, sorted and distinct."""
+    mask = torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
+    anchors = torch.tensor([1, 2, 3, 4, 6, 9])
+    runs = torch.tensor([2, 1, 0, 3, 5, 1])
+    # successors 4, 4, 4, 8, 12, 11: 4 (mask[5]) kept once, 8 dropped (mask[9] is 0),
+    # 12 dropped (the last position has no next token), 11 kept (mask[12])
+    assert objective.successor_anchors(anchors, runs, mask).tolist() == [4, 11]
+
+
+def test_on_policy_anchors_are_where_decoding_starts_blocks():
+    """The successors of every candidate anchor hold every block start of the chain replay (itself
+    checked against real decoding above) after the first, and only anchor candidates; on-policy
+    `blocks` draws them, topped up with uniform anchors to `blocks_per_seq`."""
+    from tiny import trained_draft
+
+    model, draft = taught_target("llama"), trained_draft("llama", block_size=8)
+    tr = DraftTrainer(model, draft, OptimConfig(blocks_per_seq=12, anchors="on-policy"))
+    longest = 0
+    for s in range(4):
+        prompt = random_prompt(8, 90 + s)
+        ids = torch.tensor(prompt + plain_greedy_cached("llama", tuple(prompt), 30))
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[len(prompt):] = True
+        gains = tr.chain_acceptance(ids, mask)
+        starts = (len(prompt) + torch.tensor(gains).cumsum(0))[:-1]  # the blocks after the first
+        cands = torch.nonzero(mask[1:], as_tuple=True)[0]
+        nxt = tr.successors(ids, mask, cands)
+        assert set(starts.tolist()) <= set(nxt.tolist())
+        assert bool(mask[nxt + 1].all()) and len(nxt) < len(cands)  # runs of 1+ make successors fewer
+        longest = max(longest, max(gains))
+        anchors = tr.blocks(ids, mask)[0]
+        assert len(anchors) == 12 and len(set(anchors.tolist())) == 12 and bool(mask[anchors + 1].all())
+    assert longest >= 3  # the draft gets runs right, so successors skip ahead
+    assert 0 < tr._drawn[0] < tr._drawn[1]  # some anchors came from successors, some topped up
+
+
+def test_on_policy_training_step():
+    data = _data()
+    tr = _trainer(steps=4)
+    tr.cfg = dataclasses.replace(tr.cfg, anchors="on-policy")
+    stats = tr.train_step(data[:4])
+    assert 0 < stats["on_policy_share"] <= 1 and math.isfinite(stats["loss"])

@@ -65,6 +65,10 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--lr", type=float, default=6e-4)
     t.add_argument("--warmup-steps", type=int_at_least(1), default=50)
     t.add_argument("--blocks-per-seq", type=int_at_least(1), default=32)
+    t.add_argument("--anchors", choices=("uniform", "on-policy"), default="uniform",
+                   help="where training blocks start: uniformly over the response, or where chain decoding with "
+                        "the current draft would start them (after a miss; one extra no-grad draft forward per "
+                        "sequence, ~+30%% per step)")
     t.add_argument("--max-len", type=int_at_least(2), default=512)
     t.add_argument("--no-bf16-autocast", dest="bf16_autocast", action="store_false",
                    help="train in fp32 (bf16 autocast measured ~15%% faster per step on the CPU box)")

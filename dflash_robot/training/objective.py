@@ -40,6 +40,17 @@ def sample_anchors(loss_mask: torch.Tensor, num_blocks: int, generator: torch.Ge
     return cand[pick].sort().values
 
 
+def successor_anchors(anchors: torch.Tensor, runs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Where decoding would start its next block: anchor a whose draft matched the next `run`
+    tokens is followed by a block at a + run + 1 (the target's own token there). -> the sorted,
+    distinct successors that are themselves anchor candidates (their next token is a response
+    token). Decoding only ever starts blocks at such positions, right after a miss, and they are
+    harder than positions drawn uniformly (docs/TRAINING.md, session 10)."""
+    s = anchors + runs + 1
+    s = s[s < loss_mask.shape[0] - 1]
+    return torch.unique(s[loss_mask[s + 1]])
+
+
 def block_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
     """anchors [N] -> bool mask [N*q, S + N*q], True = query may attend to key.
 

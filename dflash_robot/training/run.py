@@ -63,6 +63,7 @@ class TrainRun:
     lr: float = 6e-4
     warmup_steps: int = 50
     blocks_per_seq: int = 32
+    anchors: str = "uniform"  # or "on-policy" (DraftTrainer.blocks)
     max_len: int = 512
     bf16_autocast: bool = True
     cache_features: bool = False
@@ -270,7 +271,8 @@ def train(run: TrainRun) -> Path:
         dist.barrier()
     store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
     cfg = OptimConfig(lr=run.lr, warmup_steps=run.warmup_steps, total_steps=run.steps,
-                      blocks_per_seq=run.blocks_per_seq, seed=run.seed + rank, bf16_autocast=run.bf16_autocast)
+                      blocks_per_seq=run.blocks_per_seq, seed=run.seed + rank, bf16_autocast=run.bf16_autocast,
+                      anchors=run.anchors)
     ddp = torch.nn.parallel.DistributedDataParallel(draft) if world > 1 else None
     trainer = DraftTrainer(model, draft, cfg, ddp, cache_features=run.cache_features, store=store)
     ckpt = out / CKPT

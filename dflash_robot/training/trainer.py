@@ -34,6 +34,7 @@ class OptimConfig:
     blocks_per_seq: int = 64
     seed: int = 0
     bf16_autocast: bool = False
+    anchors: str = "uniform"  # or "on-policy": train where chain decoding starts blocks (`blocks`)
 
 
 def target_features(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
@@ -73,6 +74,7 @@ class DraftTrainer:
         self.feature_cache: dict[object, torch.Tensor] = {}
         self.store = store  # training.data.FeatureStore or None
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
+        self._drawn = [0, 0]  # anchors drawn on-policy, all anchors drawn (this step)
         self._index_labels()
 
     def _index_labels(self) -> None:
@@ -96,11 +98,25 @@ class DraftTrainer:
             self.feature_cache[key] = feats
         return feats
 
-    def blocks(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Random anchors for one sequence and its blocks: (anchors, block ids, positions, labels
-        as draft-vocabulary columns, weights; zero outside that vocabulary)."""
+    def blocks(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None
+               ) -> tuple[torch.Tensor, ...]:
+        """Anchors for one sequence and its blocks: (anchors, block ids, positions, labels as
+        draft-vocabulary columns, weights; zero outside that vocabulary).
+
+        Anchors are drawn uniformly from the response; with `cfg.anchors == "on-policy"` they are
+        replaced by where decoding would go next from them (`objective.successor_anchors`: one
+        no-grad draft forward over the uniform anchors' blocks), topped up with uniform ones to
+        `blocks_per_seq`. Decoding starts its blocks right after a miss, positions the uniform
+        draw under-represents."""
         meta = self.draft.metadata
         anchors = objective.sample_anchors(loss_mask, self.cfg.blocks_per_seq, self.gen).to(input_ids.device)
+        if self.cfg.anchors == "on-policy" and anchors.numel():
+            nxt = self.successors(input_ids, loss_mask, anchors, key)
+            extra = objective.sample_anchors(loss_mask, self.cfg.blocks_per_seq, self.gen).to(input_ids.device)
+            extra = extra[~torch.isin(extra, nxt)][:max(0, self.cfg.blocks_per_seq - nxt.numel())]
+            anchors = torch.cat([nxt, extra]).sort().values
+            self._drawn[0] += nxt.numel()
+        self._drawn[1] += anchors.numel()
         ids, pos, labels, weights = objective.block_inputs(
             input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay)
         if self.label_index is not None:  # columns of the draft vocabulary; outside it: no loss
@@ -116,7 +132,7 @@ class DraftTrainer:
         `self.blocks` (default: drawn now)."""
         meta = self.draft.metadata
         q = meta.training_block_size
-        anchors, ids, pos, labels, weights = blocks if blocks is not None else self.blocks(input_ids, loss_mask)
+        anchors, ids, pos, labels, weights = blocks if blocks is not None else self.blocks(input_ids, loss_mask, key)
         if anchors.numel() == 0:
             zero = self.draft.fc.weight.sum() * 0
             return zero, zero.detach(), torch.tensor(float("nan"))
@@ -159,27 +175,44 @@ class DraftTrainer:
         first, n = int(resp[0]), int(resp[-1]) + 1  # the response's span: no credit for tokens after it
         feats = self.features(input_ids, key)[:n]
         input_ids, loss_mask = input_ids[:n], loss_mask[:n]
-        ctx_pos = torch.arange(n, device=input_ids.device)[None]
         runs = torch.zeros(n, dtype=torch.long)
         candidates = torch.arange(first, n - 1, device=input_ids.device)
         for i in range(0, candidates.numel(), chunk):
             anchors = candidates[i:i + chunk]
-            ids, pos, labels, _ = objective.block_inputs(
-                input_ids, loss_mask, anchors, q, meta.mask_token_id, meta.loss_decay)
-            mask = objective.block_mask(anchors, n, q)[None, None]
-            noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
-            with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-                hidden = self.draft(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]  # not the DDP wrapper
-                pred = self.draft.logits(hidden, self.head).argmax(-1)
-            if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
-                labels = self.label_index.to(labels.device)[labels]
-            ok = ((pred == labels) & (pos < n)).view(-1, q)[:, 1:]
-            runs[anchors.cpu()] = ok.to(torch.long).cumprod(dim=1).sum(dim=1).cpu()
+            runs[anchors.cpu()] = self.block_runs(input_ids, loss_mask, feats, anchors, q).cpu()
         a, gains = first, []
         while a < n - 1:
             gains.append(min(int(runs[a]) + 1, n - 1 - a))
             a += gains[-1]
         return gains
+
+    def successors(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                   key: object | None = None) -> torch.Tensor:
+        """Where greedy chain decoding with this draft starts its next block after a block at each
+        of `anchors` (sorted, distinct; `objective.successor_anchors`)."""
+        runs = self.block_runs(input_ids, loss_mask, self.features(input_ids, key), anchors,
+                          self.draft.metadata.training_block_size)
+        return objective.successor_anchors(anchors, runs, loss_mask)
+
+    @torch.no_grad()
+    def block_runs(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, feats: torch.Tensor,
+              anchors: torch.Tensor, q: int) -> torch.Tensor:
+        """-> [N] how many tokens after each anchor the draft's block-q proposal gets right in a
+        row (greedy, against the sequence; a non-response token or the sequence end stops it)."""
+        meta, n = self.draft.metadata, input_ids.shape[0]
+        ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
+                                                     meta.loss_decay)
+        mask = objective.block_mask(anchors, n, q)[None, None]
+        noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
+        ctx_pos = torch.arange(n, device=input_ids.device)[None]
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+            hidden = self.draft(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]  # not the DDP wrapper
+            pred = self.draft.logits(hidden, self.head).argmax(-1)
+        if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
+            labels = self.label_index.to(labels.device)[labels]
+        inside = pos < n
+        ok = (pred == labels) & inside & loss_mask[pos.clamp(max=n - 1)]
+        return ok.view(-1, q)[:, 1:].to(torch.long).cumprod(dim=1).sum(dim=1)
 
     def train_step(self, batch: Iterable[tuple[torch.Tensor, torch.Tensor]],
                    keys: Sequence[object] | None = None) -> dict[str, float]:
@@ -188,8 +221,10 @@ class DraftTrainer:
         `keys` (one per sequence) enable the in-memory feature cache."""
         self.opt.zero_grad(set_to_none=True)
         batch = list(batch)
-        plans = [self.blocks(ids, m) for ids, m in batch]  # the loss is the batch's weighted mean CE:
-        total_w = sum(float(p[-1].sum()) for p in plans) or 1.0  # its normaliser is known before any forward
+        self._drawn = [0, 0]
+        # the loss is the batch's weighted mean CE: its normaliser is known before any forward
+        plans = [self.blocks(ids, m, None if keys is None else keys[k]) for k, (ids, m) in enumerate(batch)]
+        total_w = sum(float(p[-1].sum()) for p in plans) or 1.0
         loss, accs = 0.0, []
         for k, (ids, m) in enumerate(batch):
             loss_sum, _, acc = self.sequence_loss(ids, m, None if keys is None else keys[k], plans[k])
@@ -201,8 +236,11 @@ class DraftTrainer:
         self.opt.step()
         self.sched.step()
         self.step += 1
-        return {"loss": loss, "tau_est": sum(accs) / len(accs) if accs else float("nan"),
-                "grad_norm": float(gnorm), "lr": float(self.sched.get_last_lr()[0])}
+        stats = {"loss": loss, "tau_est": sum(accs) / len(accs) if accs else float("nan"),
+                 "grad_norm": float(gnorm), "lr": float(self.sched.get_last_lr()[0])}
+        if self.cfg.anchors == "on-policy":
+            stats["on_policy_share"] = self._drawn[0] / max(1, self._drawn[1])
+        return stats
 
     def state_dict(self) -> dict:
         return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(),
