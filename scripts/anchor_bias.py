@@ -57,13 +57,12 @@ def report(tr: DraftTrainer, name: str, set_name: str, samples: list, block_size
     every: list[tuple[int, int]] = []  # (gain, first token right) per position
     chain: list[tuple[int, int]] = []
     for ids, mask, key in samples:
-        resp = torch.nonzero(mask, as_tuple=True)[0]
-        first, n = int(resp[0]), int(resp[-1]) + 1
-        feats = tr.features(ids, key)[:n]
-        cands = torch.arange(first, n - 1)
-        runs = torch.cat([tr.block_runs(ids[:n], mask[:n], feats, cands[i:i + 64], block_size)
-                          for i in range(0, cands.numel(), 64)])
-        row = {a: (min(r + 1, n - 1 - a), int(r > 0)) for a, r in zip(cands.tolist(), runs.tolist(), strict=True)}
+        out = tr.response_runs(ids, mask, key, block_size=block_size)
+        if out is None:
+            continue
+        runs, first = out
+        n = runs.shape[0]
+        row = {a: (min(int(runs[a]) + 1, n - 1 - a), int(runs[a] > 0)) for a in range(first, n - 1)}
         every += row.values()
         a = first
         while a < n - 1:

@@ -141,6 +141,7 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
     (dict(init="targt"), "--init must be random, target or draft:PATH, got 'targt'"),
     (dict(init="draft:/no/such/draft"), "--init draft:/no/such/draft: /no/such/draft does not exist"),
     (dict(log="/no/such/dir/x.jsonl"), "--log /no/such/dir/x.jsonl: directory /no/such/dir does not exist"),
+    (dict(anchors="onpolicy"), "--anchors must be uniform or on-policy, got 'onpolicy'"),
 ])
 def test_train_arguments_are_checked_before_any_slow_work(gen_dir, tmp_path, change, msg):
     run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target="/nonexistent-target", **change)

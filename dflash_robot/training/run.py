@@ -335,6 +335,8 @@ def check_run(run: TrainRun) -> None:
             raise ConfigError(f"--init {run.init}: {src} does not exist")
     if run.log and not Path(run.log).parent.is_dir():
         raise ConfigError(f"--log {run.log}: directory {Path(run.log).parent} does not exist")
+    if run.anchors not in ("uniform", "on-policy"):
+        raise ConfigError(f"--anchors must be uniform or on-policy, got {run.anchors!r}")
     out = Path(run.out)
     saved_cfg = out / "draft" / "config.json"
     if not (out / CKPT).exists() or not saved_cfg.is_file():

@@ -165,13 +165,30 @@ class DraftTrainer:
         is computed in parallel (it depends only on the true prefix), then the walk picks the
         anchors decoding would visit. `block_size` is the decoding block size (default: the
         training block size); a draft may decode at any size, like the runtime's `--block-size`."""
+        out = self.response_runs(input_ids, loss_mask, key, chunk, block_size)
+        if out is None:
+            return []
+        runs, first = out
+        n = runs.shape[0]
+        a, gains = first, []
+        while a < n - 1:
+            gains.append(min(int(runs[a]) + 1, n - 1 - a))
+            a += gains[-1]
+        return gains
+
+    @torch.no_grad()
+    def response_runs(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
+                      chunk: int = 64, block_size: int | None = None) -> tuple[torch.Tensor, int] | None:
+        """The draft's run (`block_runs`) at every anchor of a sequence's response, in chunks of
+        `chunk` blocks -> (runs [n], first) with n the response's end (no credit past it) and first
+        its start (runs before it are 0); None when the response has fewer than 2 tokens."""
         meta = self.draft.metadata
-        q, n = block_size or meta.training_block_size, input_ids.shape[0]
+        q = block_size or meta.training_block_size
         if not 2 <= q <= meta.training_block_size:
             raise ValueError(f"block size {q}: from 2 to the training block size ({meta.training_block_size})")
         resp = torch.nonzero(loss_mask, as_tuple=True)[0]
         if resp.numel() < 2:
-            return []
+            return None
         first, n = int(resp[0]), int(resp[-1]) + 1  # the response's span: no credit for tokens after it
         feats = self.features(input_ids, key)[:n]
         input_ids, loss_mask = input_ids[:n], loss_mask[:n]
@@ -180,23 +197,19 @@ class DraftTrainer:
         for i in range(0, candidates.numel(), chunk):
             anchors = candidates[i:i + chunk]
             runs[anchors.cpu()] = self.block_runs(input_ids, loss_mask, feats, anchors, q).cpu()
-        a, gains = first, []
-        while a < n - 1:
-            gains.append(min(int(runs[a]) + 1, n - 1 - a))
-            a += gains[-1]
-        return gains
+        return runs, first
 
     def successors(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                    key: object | None = None) -> torch.Tensor:
         """Where greedy chain decoding with this draft starts its next block after a block at each
         of `anchors` (sorted, distinct; `objective.successor_anchors`)."""
         runs = self.block_runs(input_ids, loss_mask, self.features(input_ids, key), anchors,
-                          self.draft.metadata.training_block_size)
+                               self.draft.metadata.training_block_size)
         return objective.successor_anchors(anchors, runs, loss_mask)
 
     @torch.no_grad()
     def block_runs(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, feats: torch.Tensor,
-              anchors: torch.Tensor, q: int) -> torch.Tensor:
+                   anchors: torch.Tensor, q: int) -> torch.Tensor:
         """-> [N] how many tokens after each anchor the draft's block-q proposal gets right in a
         row (greedy, against the sequence; a non-response token or the sequence end stops it)."""
         meta, n = self.draft.metadata, input_ids.shape[0]
