@@ -142,6 +142,7 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
     (dict(init="draft:/no/such/draft"), "--init draft:/no/such/draft: /no/such/draft does not exist"),
     (dict(log="/no/such/dir/x.jsonl"), "--log /no/such/dir/x.jsonl: directory /no/such/dir does not exist"),
     (dict(anchors="onpolicy"), "--anchors must be uniform or on-policy, got 'onpolicy'"),
+    (dict(distill=1.5), "--distill must be from 0 (hard labels) to 1 (the target's distribution), got 1.5"),
 ])
 def test_train_arguments_are_checked_before_any_slow_work(gen_dir, tmp_path, change, msg):
     run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target="/nonexistent-target", **change)

@@ -393,3 +393,70 @@ def test_on_policy_training_step():
     tr.cfg = dataclasses.replace(tr.cfg, anchors="on-policy")
     stats = tr.train_step(data[:4])
     assert 0 < stats["on_policy_share"] <= 1 and math.isfinite(stats["loss"])
+
+
+@pytest.mark.parametrize("family,shortcut", [("llama", True), ("qwen3", True), ("gemma3", False), ("qwen3_5", False)])
+def test_target_tail_gives_the_targets_own_logits(family, shortcut):
+    """The distillation teacher from the deepest tap: the target's remaining layers (plain causal
+    attention) or, for sliding-window / hybrid tails, the full forward; either way the target's
+    own next-token logits at every position."""
+    from dflash_robot.training.trainer import TargetTail, target_features
+
+    model = taught_target(family)
+    ids = torch.tensor(random_prompt(30, 7))
+    layer_ids = (1, 3)
+    tail = TargetTail(model, layer_ids)
+    assert tail.shortcut is shortcut
+    hidden = tail.hidden(ids, target_features(model, ids, layer_ids))
+    with torch.no_grad():
+        want = model(input_ids=ids[None]).logits[0]
+    torch.testing.assert_close(model.get_output_embeddings()(hidden), want, rtol=1e-4, atol=1e-4)
+
+
+def test_distill_cross_entropy():
+    g = torch.Generator().manual_seed(0)
+    logits, teacher = torch.randn(6, 10, generator=g), torch.randn(6, 10, generator=g)
+    labels, w = torch.randint(0, 10, (6,), generator=g), torch.rand(6, generator=g)
+    hard = objective.weighted_cross_entropy(logits, labels, w)
+    torch.testing.assert_close(objective.distill_cross_entropy(logits, teacher, labels, w, 0.0), hard)
+    # alpha 1: the teacher's cross-entropy = KL(p || q) + H(p), weighted
+    p = teacher.softmax(-1)
+    kl = torch.nn.functional.kl_div(logits.log_softmax(-1), p, reduction="none").sum(-1)
+    ent = -(p * p.log()).sum(-1)
+    soft, _ = objective.distill_cross_entropy(logits, teacher, labels, w, 1.0)
+    torch.testing.assert_close(soft, ((kl + ent) * w).sum())
+    half, _ = objective.distill_cross_entropy(logits, teacher, labels, w, 0.5)
+    torch.testing.assert_close(half, 0.5 * hard[0] + 0.5 * soft)
+
+
+def test_distilled_loss_uses_the_targets_distribution_one_position_back():
+    """With --distill 1 each block token at position p is trained towards the target's own
+    distribution for p, i.e. its logits at p - 1 (checked against a full target forward)."""
+    data = _data()
+    tr = _trainer(steps=4)
+    tr.cfg = dataclasses.replace(tr.cfg, distill=1.0)
+    from dflash_robot.training.trainer import TargetTail
+
+    tr.teacher = TargetTail(tr.target, tr.draft.metadata.target_layer_ids)
+    ids, mask = data[0]
+    plan = tr.blocks(ids, mask)
+    seen, logits_fn = [], tr.draft.logits
+
+    def record(hidden, head):
+        seen.append(logits_fn(hidden, head))
+        return seen[-1]
+
+    tr.draft.logits = record
+    loss, w_sum, _ = tr.sequence_loss(ids, mask, blocks=plan)
+    _, _, pos, labels, weights = plan
+    keep = weights > 0
+    with torch.no_grad():
+        want = tr.target(input_ids=ids[None]).logits[0][pos[keep] - 1]
+    draft_logits, teacher_logits = seen
+    torch.testing.assert_close(teacher_logits, want, rtol=1e-4, atol=1e-4)
+    expect = -(want.softmax(-1) * draft_logits.float().log_softmax(-1)).sum(-1)
+    torch.testing.assert_close(loss, (expect * weights[keep]).sum(), rtol=1e-4, atol=1e-4)
+    assert float(w_sum) == pytest.approx(float(weights.sum()))
+    del tr.draft.logits
+    stats = tr.train_step(data[:4])  # and a full step runs
+    assert math.isfinite(stats["loss"])

@@ -69,6 +69,10 @@ def add_parser(sub: Any) -> None:
                    help="where training blocks start: uniformly over the response, or where chain decoding with "
                         "the current draft would start them (after a miss; one extra no-grad draft forward per "
                         "sequence, ~+30%% per step)")
+    t.add_argument("--distill", type=float, default=0.0,
+                   help="weight of soft labels: the target's own next-token distribution (over the draft "
+                        "vocabulary), mixed with the hard label as (1-w)*CE(label) + w*CE(target); 0 = hard labels "
+                        "only. Computed from the deepest tap through the target's remaining layers")
     t.add_argument("--max-len", type=int_at_least(2), default=512)
     t.add_argument("--no-bf16-autocast", dest="bf16_autocast", action="store_false",
                    help="train in fp32 (bf16 autocast measured ~15%% faster per step on the CPU box)")

@@ -88,6 +88,18 @@ def weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: 
     return (ce * weights).sum(), weights.sum()
 
 
+def distill_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                          weights: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard and soft labels mixed: per row `(1 - alpha) * CE(label) + alpha * H(p, q)`, with p the
+    teacher's softmax over the same columns as the draft's q (so over a draft vocabulary it is
+    renormalised there). H(p, q) = KL(p || q) + H(p): its gradient is the forward KL's.
+    -> (sum of weighted losses, sum of weights)."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    soft = -(F.softmax(teacher_logits.float(), dim=-1) * logq).sum(-1)
+    hard = F.nll_loss(logq, labels, reduction="none")
+    return (((1 - alpha) * hard + alpha * soft) * weights).sum(), weights.sum()
+
+
 def expected_acceptance(correct: torch.Tensor) -> torch.Tensor:
     """correct [N, q-1] bool (draft top-1 == label per block position) -> mean over blocks of
     (leading run of correct + 1): the acceptance length greedy chain verification would give

@@ -64,6 +64,7 @@ class TrainRun:
     warmup_steps: int = 50
     blocks_per_seq: int = 32
     anchors: str = "uniform"  # or "on-policy" (DraftTrainer.blocks)
+    distill: float = 0.0  # weight of the target's soft labels (trainer.TargetTail); 0: hard labels only
     max_len: int = 512
     bf16_autocast: bool = True
     cache_features: bool = False
@@ -272,7 +273,7 @@ def train(run: TrainRun) -> Path:
     store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
     cfg = OptimConfig(lr=run.lr, warmup_steps=run.warmup_steps, total_steps=run.steps,
                       blocks_per_seq=run.blocks_per_seq, seed=run.seed + rank, bf16_autocast=run.bf16_autocast,
-                      anchors=run.anchors)
+                      anchors=run.anchors, distill=run.distill)
     ddp = torch.nn.parallel.DistributedDataParallel(draft) if world > 1 else None
     trainer = DraftTrainer(model, draft, cfg, ddp, cache_features=run.cache_features, store=store)
     ckpt = out / CKPT
@@ -337,6 +338,8 @@ def check_run(run: TrainRun) -> None:
         raise ConfigError(f"--log {run.log}: directory {Path(run.log).parent} does not exist")
     if run.anchors not in ("uniform", "on-policy"):
         raise ConfigError(f"--anchors must be uniform or on-policy, got {run.anchors!r}")
+    if not 0.0 <= run.distill <= 1.0:
+        raise ConfigError(f"--distill must be from 0 (hard labels) to 1 (the target's distribution), got {run.distill}")
     out = Path(run.out)
     saved_cfg = out / "draft" / "config.json"
     if not (out / CKPT).exists() or not saved_cfg.is_file():

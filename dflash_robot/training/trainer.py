@@ -4,7 +4,12 @@ Target features come from a `FeatureStore` (memory-mapped bf16 on disk, written 
 sample by `training.data`) when one is given and holds the sample; otherwise from one no-grad
 target forward, optionally kept in memory (`cache_features=True`). With a draft vocabulary
 (`DFlashDraft.vocab_ids`) the head and the loss cover only those N tokens: labels outside
-it get weight 0 and count as misses in the acceptance estimate. See docs/TRAINING.md.
+it get weight 0 and count as misses in the acceptance estimate.
+
+With `distill > 0` the labels are also soft: the target's own next-token distribution at each
+position (`TargetTail`, over the draft vocabulary, renormalised, as EAGLE-3 and SpecForge
+train), mixed with the hard label as `(1 - distill) * CE(label) + distill * CE(target's p)`.
+See docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class OptimConfig:
     seed: int = 0
     bf16_autocast: bool = False
     anchors: str = "uniform"  # or "on-policy": train where chain decoding starts blocks (`blocks`)
+    distill: float = 0.0  # weight of the target's soft labels (`TargetTail`); 0: hard labels only
 
 
 def target_features(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
@@ -43,6 +49,49 @@ def target_features(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequen
         out = model(input_ids=input_ids[None], output_hidden_states=[i + 1 for i in layer_ids],
                     use_cache=False, logits_to_keep=1)
         return torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+class TargetTail:
+    """The distillation teacher: the target's next-token logits at every position of a sequence,
+    from its tapped features.
+
+    The draft's deepest tap is the output of target layer t, so the target's layers t+1 .. L-1,
+    its final norm and its head turn it into the target's own logits at a fraction of a full
+    forward (2 of SmolLM2's 30 layers for the tap at 27). That shortcut is used when those layers
+    are plain causal attention, called with the mask the target builds for itself; a tail with
+    sliding-window, linear-attention or SSM layers, or a target laid out otherwise, gets the full
+    forward instead. The logits go through the draft's head (`DFlashDraft.logits`: the draft
+    vocabulary's rows, the target's output multiplier and soft-capping)."""
+
+    def __init__(self, model: Any, layer_ids: Sequence[int]):
+        self.model = model
+        self.cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.decoder: Any = model.get_decoder() if hasattr(model, "get_decoder") else None
+        self.start = max(layer_ids) + 1
+        self.tap = list(layer_ids).index(max(layer_ids))
+        n = self.cfg.num_hidden_layers
+        types = getattr(self.cfg, "layer_types", None)
+        plain = (all(t == "full_attention" for t in types[self.start:n]) if types is not None
+                 else not getattr(self.cfg, "sliding_window", None))
+        self.shortcut = (plain and self.start < n and self.decoder is not None
+                         and all(hasattr(self.decoder, a) for a in ("layers", "norm", "rotary_emb")))
+
+    @torch.no_grad()
+    def hidden(self, input_ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """-> [S, H] the target's final (normed) hidden states, fp32."""
+        if not self.shortcut:
+            dec = self.decoder if self.decoder is not None else self.model.base_model
+            return dec(input_ids=input_ids[None], use_cache=False).last_hidden_state[0].float()
+        from transformers.masking_utils import create_causal_mask
+
+        hsz = self.cfg.hidden_size
+        h = feats[:, self.tap * hsz:(self.tap + 1) * hsz].float()[None]
+        pos = torch.arange(h.shape[1], device=h.device)[None]
+        mask = create_causal_mask(self.cfg, h, None, None, position_ids=pos)
+        rope = self.decoder.rotary_emb(h, pos)
+        for layer in self.decoder.layers[self.start:self.cfg.num_hidden_layers]:
+            h = layer(h, attention_mask=mask, position_ids=pos, position_embeddings=rope)
+        return self.decoder.norm(h)[0]
 
 
 def lr_lambda(cfg: OptimConfig):
@@ -75,6 +124,7 @@ class DraftTrainer:
         self.store = store  # training.data.FeatureStore or None
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
         self._drawn = [0, 0]  # anchors drawn on-policy, all anchors drawn (this step)
+        self.teacher = TargetTail(target, draft.metadata.target_layer_ids) if cfg.distill > 0 else None
         self._index_labels()
 
     def _index_labels(self) -> None:
@@ -144,7 +194,14 @@ class DraftTrainer:
             hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
             keep = weights > 0
             logits = self.draft.logits(hidden[keep], self.head)
-        loss_sum, w_sum = objective.weighted_cross_entropy(logits, labels[keep], weights[keep])
+        if self.teacher is not None:
+            with torch.no_grad():  # the target's distribution for position p comes from its state at p - 1
+                t_hidden = self.teacher.hidden(input_ids, feats)
+                t_logits = self.draft.logits(t_hidden[pos[keep] - 1], self.head)
+            loss_sum, w_sum = objective.distill_cross_entropy(logits, t_logits, labels[keep], weights[keep],
+                                                              self.cfg.distill)
+        else:
+            loss_sum, w_sum = objective.weighted_cross_entropy(logits, labels[keep], weights[keep])
         with torch.no_grad():
             top1 = torch.zeros_like(labels, dtype=torch.bool)
             top1[keep] = logits.argmax(-1) == labels[keep]
