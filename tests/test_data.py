@@ -100,7 +100,8 @@ def test_ensure_features_fills_missing_shards(tmp_path):
     model = taught_target("llama")
     ids = [list(range(5, 25)), list(range(30, 40))]
     D._pack([i[:4] for i in ids], [i[4:] for i in ids], "self").save(tmp_path / "shard-v1-00000.npz")
-    assert ensure_features(model, tmp_path, TAPS) == 1
+    assert ensure_features(model, tmp_path, TAPS, only={"shard-00007"}) == 0  # not a shard the run reads
+    assert ensure_features(model, tmp_path, TAPS, only={"shard-v1-00000"}) == 1
     assert ensure_features(model, tmp_path, TAPS) == 0  # computed once
     store = D.FeatureStore(tmp_path, TAPS, 32)
     for a, seq in ((0, ids[0]), (20, ids[1])):  # every row, of every sample (none is left zero)
@@ -142,6 +143,7 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
     (dict(init="draft:/no/such/draft"), "--init draft:/no/such/draft: /no/such/draft does not exist"),
     (dict(log="/no/such/dir/x.jsonl"), "--log /no/such/dir/x.jsonl: directory /no/such/dir does not exist"),
     (dict(anchors="onpolicy"), "--anchors must be uniform or on-policy, got 'onpolicy'"),
+    (dict(train_shards="214-"), "--train-shards '214-': '214-' is not a shard number"),
     (dict(distill=1.5), "--distill must be from 0 (hard labels) to 1 (the target's distribution), got 1.5"),
 ])
 def test_train_arguments_are_checked_before_any_slow_work(gen_dir, tmp_path, change, msg):
@@ -193,3 +195,31 @@ def test_partial_shard_files_are_not_data(tmp_path):
     (tmp_path / ".shard-00002.tmp.npz").write_bytes(b"cut off")
     assert [p.name for p in D.shard_paths(tmp_path)] == ["shard-00000.npz"]
     assert len(D.load_dataset(tmp_path)) == 1
+
+
+def test_shard_selection():
+    from dflash_robot.training.run import shard_selection
+
+    sel = shard_selection("2-4, 9,shard-v1-00000")
+    assert [n for n in ("shard-00001", "shard-00002", "shard-00004", "shard-00005", "shard-00009",
+                        "shard-v1-00000", "shard-v1-00002") if sel(n)] == \
+        ["shard-00002", "shard-00004", "shard-00009", "shard-v1-00000"]
+    for bad in ("5-3", "x", "3-", "", "1,,2"):
+        with pytest.raises(ConfigError, match="--train-shards"):
+            shard_selection(bad)
+
+
+def test_a_training_run_on_selected_shards(gen_dir, tmp_path):
+    """--train-shards trains on those shards only; the held-out samples are unchanged; a selection
+    that holds no training sample is refused before any feature is computed or step taken."""
+    model_dir = tmp_path / "target"
+    taught_target("llama").save_pretrained(model_dir)
+    char_tokenizer().save_pretrained(model_dir)
+    base = dict(data=str(gen_dir), target=str(model_dir), layers=1, block_size=4, steps=1, batch_size=2,
+                blocks_per_seq=2, holdout=2, holdout_shards="shard-00000", mask_token_id=MASK, warmup_steps=1)
+    train(TrainRun(out=str(tmp_path / "run"), train_shards="1", **base))
+    head = json.loads((tmp_path / "run" / "train_log.jsonl").read_text().splitlines()[0])
+    assert head["train_samples"] == 3 and head["holdout_samples"] == 2  # shard-00001's 3 samples
+    with pytest.raises(ConfigError, match="no training sample in .* is in those shards"):
+        train(TrainRun(out=str(tmp_path / "run2"), train_shards="77-80", **base))
+    assert not (tmp_path / "run2" / "checkpoint.pt").exists()

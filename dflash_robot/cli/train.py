@@ -81,6 +81,10 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--holdout", type=int_at_least(0), default=48, help="held-out samples for the tau estimate")
     t.add_argument("--holdout-shards", default="shard-v1-00000,shard-00000,shard-00001,shard-00002",
                    help="shards the held-out samples are taken from, round-robin (only those samples are left out)")
+    t.add_argument("--train-shards", default="",
+                   help="train on these shards only: shard numbers and inclusive ranges, or full shard names, "
+                        "comma-separated (e.g. 214-287 or shard-v1-00000,5-9); default: every shard. The "
+                        "held-out samples still come from --holdout-shards")
     t.add_argument("--eval-block-sizes", default="",
                    help="also replay chain decoding on the held-out set at these block sizes (e.g. 4,16)")
     t.add_argument("--log", help="also append the log here (e.g. docs/logs/NAME.jsonl)")

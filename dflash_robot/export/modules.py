@@ -29,22 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.targets.lean import rope, rope_tables
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
-
-
-def _rope_tables(inv_freq: torch.Tensor, scale: float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    pos = torch.arange(n, dtype=torch.float32)
-    freqs = pos[:, None] * inv_freq.float()[None, :]
-    ang = torch.cat([freqs, freqs], dim=-1)
-    return ang.cos() * scale, ang.sin() * scale
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def _copy_linear(src: nn.Linear, f32: Any) -> nn.Linear:
@@ -109,7 +98,8 @@ class ExportableTarget(nn.Module):
         if head.bias is not None:
             self.head.bias = f32(head.bias)
         rot = inner.rotary_emb
-        cos, sin = _rope_tables(rot.inv_freq, float(getattr(rot, "attention_scaling", 1.0)), self.max_context)
+        cos, sin = rope_tables(rot.inv_freq, float(getattr(rot, "attention_scaling", 1.0)), self.max_context,
+                               torch.float32, torch.device("cpu"))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         # one buffer per layer: an in-place write into a slice of one big buffer is functionalized
@@ -140,7 +130,7 @@ class ExportableTarget(nn.Module):
                 q = _rms(q, layer.q_norm, self.eps)
             if layer.k_norm is not None:
                 k = _rms(k, layer.k_norm, self.eps)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
             kc, vbuf = getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")  # [nkv, C, d]
             kc.index_copy_(1, pos, k.transpose(0, 1))
             vbuf.index_copy_(1, pos, v.transpose(0, 1))

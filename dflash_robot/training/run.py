@@ -72,6 +72,7 @@ class TrainRun:
     eval_every: int = 100
     holdout: int = 48
     holdout_shards: str = "shard-v1-00000,shard-00000,shard-00001,shard-00002"
+    train_shards: str = ""  # train on these shards only (`shard_selection`); "": all but the held-out samples
     eval_block_sizes: str = ""  # extra decoding block sizes for the chain replay, e.g. "4,16"
     seed: int = 0
     threads: int | None = None
@@ -141,15 +142,17 @@ def token_coverage(samples: list, sizes: tuple[int, ...] = (1024, 2048, 4096, 81
 
 
 @torch.no_grad()
-def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...]) -> int:
-    """Compute (once) the tapped features of shards that lack them, into the first stored tap set
-    that covers `layer_ids` (else one for exactly `layer_ids`). Every row of every sample is
-    computed, whatever `--max-len` (a later run may read further). Returns shards computed."""
+def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], only: set[str] | None = None) -> int:
+    """Compute (once) the tapped features of shards that lack them (of the shards named in `only`,
+    when given), into the first stored tap set that covers `layer_ids` (else one for exactly
+    `layer_ids`). Every row of every sample is computed, whatever `--max-len` (a later run may read
+    further). Returns shards computed."""
     existing = [d for d in sorted((data_dir / "features").glob("taps-*"))
                 if all(i in [int(x) for x in d.name[5:].split("-")] for i in layer_ids)]
     fdir = existing[0] if existing else taps_dir(data_dir, layer_ids)
     ids_stored = tuple(int(x) for x in fdir.name[5:].split("-"))
-    todo = [p for p in shard_paths(data_dir) if not any((d / f"{p.stem}.npy").exists() for d in existing)]
+    todo = [p for p in shard_paths(data_dir) if (only is None or p.stem in only)
+            and not any((d / f"{p.stem}.npy").exists() for d in existing)]
     for p in tqdm(todo, desc="target features", unit="shard", disable=not todo):
         shard = Shard.load(p)
         rows = []
@@ -158,6 +161,28 @@ def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...]) -> i
             rows.append(target_features(model, ids.to(model.device), ids_stored).to(torch.bfloat16).cpu())
         _save_features(fdir / f"{p.stem}.npy", torch.cat(rows))
     return len(todo)
+
+
+def shard_selection(spec: str) -> Any:
+    """`--train-shards` -> a predicate on shard names. Comma-separated items: a shard number
+    (`214` = shard-00214), an inclusive range of them (`214-287`), or a shard's full name
+    (`shard-v1-00000`). The held-out samples come from `--holdout-shards` whatever is selected."""
+    names: set[str] = set()
+    ranges: list[tuple[int, int]] = []
+    for item in (x.strip() for x in spec.split(",")):
+        lo, sep, hi = item.partition("-")
+        if item.startswith("shard-"):
+            names.add(item)
+        elif lo.isdigit() and (not sep or hi.isdigit()) and int(lo) <= int(hi or lo):
+            ranges.append((int(lo), int(hi or lo)))
+        else:
+            raise ConfigError(f"--train-shards {spec!r}: {item!r} is not a shard number, an inclusive range "
+                              "A-B of them, or a shard name such as shard-v1-00000")
+
+    def selected(name: str) -> bool:
+        num = name[len("shard-"):]
+        return name in names or (num.isdigit() and any(a <= int(num) <= b for a, b in ranges))
+    return selected
 
 
 def split_holdout(samples: list, run: TrainRun) -> tuple[list, list]:
@@ -263,11 +288,18 @@ def train(run: TrainRun) -> Path:
 
     pack_linears(model)  # the target is frozen: its no-grad forwards use packed linears
     holdout, train_set = split_holdout(samples, run)
+    if run.train_shards:
+        selected = shard_selection(run.train_shards)
+        train_set = [s for s in train_set if selected(s[2][0])]
+        if not train_set:
+            raise ConfigError(f"--train-shards {run.train_shards!r}: no training sample in {data_dir} is in those "
+                              "shards (held-out samples excluded)")
     if not train_set:
         raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
     draft, info = _make_draft(run, model, tok, train_set)
     if rank == 0:
-        ensure_features(model, data_dir, draft.metadata.target_layer_ids)
+        ensure_features(model, data_dir, draft.metadata.target_layer_ids,
+                        only={s[2][0] for s in train_set + holdout})
     if world > 1:
         dist.barrier()
     store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
@@ -338,6 +370,8 @@ def check_run(run: TrainRun) -> None:
         raise ConfigError(f"--log {run.log}: directory {Path(run.log).parent} does not exist")
     if run.anchors not in ("uniform", "on-policy"):
         raise ConfigError(f"--anchors must be uniform or on-policy, got {run.anchors!r}")
+    if run.train_shards:
+        shard_selection(run.train_shards)  # a malformed list fails here
     if not 0.0 <= run.distill <= 1.0:
         raise ConfigError(f"--distill must be from 0 (hard labels) to 1 (the target's distribution), got {run.distill}")
     out = Path(run.out)
