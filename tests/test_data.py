@@ -223,3 +223,19 @@ def test_a_training_run_on_selected_shards(gen_dir, tmp_path):
     with pytest.raises(ConfigError, match="no training sample in .* is in those shards"):
         train(TrainRun(out=str(tmp_path / "run2"), train_shards="77-80", **base))
     assert not (tmp_path / "run2" / "checkpoint.pt").exists()
+
+
+def test_a_directory_from_before_the_record_is_checked_before_it_is_recorded(tmp_path):
+    """Shards without a dataset.json (written before 2026-12-01): resuming generation there with a
+    target whose vocabulary cannot hold their ids is refused, and nothing is recorded; ids that fit
+    get this target recorded."""
+    model, tok = taught_target("llama"), char_tokenizer()
+    big, fits = tmp_path / "big", tmp_path / "fits"
+    for d, top in ((big, 70), (fits, 40)):
+        d.mkdir()
+        D._pack([[1, 2, 3]], [[4, top]], "self").save(d / "shard-00000.npz")
+    with pytest.raises(ConfigError, match="token id 70, outside this target's vocabulary \\(64\\)"):
+        D.check_data_target(big, model, tok, write=True)
+    assert not (big / D.MANIFEST).exists()
+    D.check_data_target(fits, model, tok, write=True)
+    assert json.loads((fits / D.MANIFEST).read_text())["vocab_size"] == 64
