@@ -207,6 +207,8 @@ def test_shard_selection():
     for bad in ("5-3", "x", "3-", "", "1,,2"):
         with pytest.raises(ConfigError, match="--train-shards"):
             shard_selection(bad)
+    with pytest.raises(ConfigError, match="there is no shard named 'shard-0300'"):  # a typo selects nothing
+        shard_selection("2-4,shard-0300", ["shard-00002", "shard-00300"])
 
 
 def test_a_training_run_on_selected_shards(gen_dir, tmp_path):

@@ -163,15 +163,19 @@ def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], only
     return len(todo)
 
 
-def shard_selection(spec: str) -> Any:
+def shard_selection(spec: str, available: list[str] | None = None) -> Any:
     """`--train-shards` -> a predicate on shard names. Comma-separated items: a shard number
     (`214` = shard-00214), an inclusive range of them (`214-287`), or a shard's full name
-    (`shard-v1-00000`). The held-out samples come from `--holdout-shards` whatever is selected."""
+    (`shard-v1-00000`), which must be one of `available` when that is given (a mistyped name would
+    otherwise select nothing, silently). The held-out samples come from `--holdout-shards`
+    whatever is selected."""
     names: set[str] = set()
     ranges: list[tuple[int, int]] = []
     for item in (x.strip() for x in spec.split(",")):
         lo, sep, hi = item.partition("-")
         if item.startswith("shard-"):
+            if available is not None and item not in available:
+                raise ConfigError(f"--train-shards {spec!r}: there is no shard named {item!r}")
             names.add(item)
         elif lo.isdigit() and (not sep or hi.isdigit()) and int(lo) <= int(hi or lo):
             ranges.append((int(lo), int(hi or lo)))
@@ -289,7 +293,7 @@ def train(run: TrainRun) -> Path:
     pack_linears(model)  # the target is frozen: its no-grad forwards use packed linears
     holdout, train_set = split_holdout(samples, run)
     if run.train_shards:
-        selected = shard_selection(run.train_shards)
+        selected = shard_selection(run.train_shards, [p.stem for p in shard_paths(data_dir)])
         train_set = [s for s in train_set if selected(s[2][0])]
         if not train_set:
             raise ConfigError(f"--train-shards {run.train_shards!r}: no training sample in {data_dir} is in those "
