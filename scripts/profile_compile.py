@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_robot.targets import lean as L
-from dflash_robot.targets.loading import _split_target_path, default_target_path, load_target_model
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 TAPS = (1, 10, 14, 19, 27)
 
@@ -33,9 +33,8 @@ def main() -> None:
 
     inductor_config.cpp_wrapper = args.cpp_wrapper
     path = default_target_path()
-    d, g = _split_target_path(path, None)
     model, _ = load_target_model(path, dtype="float32")
-    eng = L.LeanTargetAdapter(model, precision="gguf", gguf_file=str(d / g), kernels=False)  # the torch path
+    eng = L.LeanTargetAdapter(model, precision="gguf", gguf_file=str(path), kernels=False)  # the torch path
 
     def body(ids: torch.Tensor, start: int, end: int, cos: torch.Tensor, sin: torch.Tensor,
              mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

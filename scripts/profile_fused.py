@@ -15,7 +15,7 @@ import time
 import torch
 
 from dflash_robot.targets.lean import LeanTargetAdapter
-from dflash_robot.targets.loading import _split_target_path, default_target_path, load_target_model
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 
 def main() -> None:
@@ -25,10 +25,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = default_target_path()
-    d, g = _split_target_path(path, None)
     model, _ = load_target_model(path, dtype="float32")
-    fused = LeanTargetAdapter(model, precision=args.precision, gguf_file=str(d / g))
-    plain = LeanTargetAdapter(model, precision=args.precision, gguf_file=str(d / g), kernels=False)
+    fused = LeanTargetAdapter(model, precision=args.precision, gguf_file=str(path))
+    plain = LeanTargetAdapter(model, precision=args.precision, gguf_file=str(path), kernels=False)
     assert fused.fused_kernels and not plain.fused_kernels
     taps = (1, 14, 27)
     prompt = torch.randint(100, 40000, (200,))

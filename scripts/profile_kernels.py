@@ -17,7 +17,7 @@ import torch
 
 from dflash_robot.targets import kernels
 from dflash_robot.targets.lean import LeanTargetAdapter
-from dflash_robot.targets.loading import _split_target_path, default_target_path, load_target_model
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 
 def median_us(f, reps: int = 200) -> float:
@@ -38,9 +38,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = default_target_path()
-    d, g = _split_target_path(path, None)
     model, _ = load_target_model(path, dtype="float32")
-    eng = LeanTargetAdapter(model, precision="gguf", gguf_file=str(d / g))
+    eng = LeanTargetAdapter(model, precision="gguf", gguf_file=str(path))
     ops = kernels.load()
     assert ops is not None and eng.fused_kernels, kernels.unavailable_reason()
     taps = (1, 14, 27)

@@ -14,7 +14,7 @@ import time
 import torch
 
 from dflash_robot.targets.lean import LeanTargetAdapter
-from dflash_robot.targets.loading import _split_target_path, default_target_path, load_target_model
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 
 def main() -> None:
@@ -24,9 +24,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = default_target_path()
-    d, g = _split_target_path(path, None)
     model, _ = load_target_model(path, dtype="float32")
-    lean = LeanTargetAdapter(model, precision=args.precision, gguf_file=str(d / g))
+    lean = LeanTargetAdapter(model, precision=args.precision, gguf_file=str(path))
     taps = (1, 10, 14, 19, 27)
     for ctx in (256, 1024):
         lean.prefill(torch.randint(100, 40000, (ctx,)), taps, 512)

@@ -460,3 +460,14 @@ def test_distilled_loss_uses_the_targets_distribution_one_position_back():
     del tr.draft.logits
     stats = tr.train_step(data[:4])  # and a full step runs
     assert math.isfinite(stats["loss"])
+    # the held-out estimate needs only the draft's acceptance: it never runs the teacher, and it
+    # equals the hard-label trainer's estimate
+    from dflash_robot.training.run import holdout_estimate
+
+    def no_teacher(*a, **k):
+        raise AssertionError("the teacher ran for an acceptance estimate")
+
+    tr.teacher.hidden = no_teacher
+    est = holdout_estimate(tr, data[:3])
+    tr.cfg, tr.teacher = dataclasses.replace(tr.cfg, distill=0.0), None
+    assert est == pytest.approx(holdout_estimate(tr, data[:3]))

@@ -438,7 +438,7 @@ def holdout_estimate(trainer: DraftTrainer, holdout: list) -> float:
         return math.nan
     state = trainer.gen.get_state()
     trainer.draft.eval()
-    accs = [float(trainer.sequence_loss(s[0], s[1], s[2] if len(s) > 2 else ("holdout", k))[2])
+    accs = [float(trainer.sequence_loss(s[0], s[1], s[2] if len(s) > 2 else ("holdout", k), soft_labels=False)[2])
             for k, s in enumerate(holdout)]
     trainer.draft.train()
     trainer.gen.set_state(state)

@@ -176,10 +176,11 @@ class DraftTrainer:
         return anchors, ids, pos, labels, weights
 
     def sequence_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
-                      blocks: tuple[torch.Tensor, ...] | None = None
+                      blocks: tuple[torch.Tensor, ...] | None = None, soft_labels: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One sequence -> (weighted CE sum, weight sum, expected acceptance); `blocks` from
-        `self.blocks` (default: drawn now)."""
+        `self.blocks` (default: drawn now). `soft_labels=False` skips the distillation teacher
+        (the loss is then the hard-label one): for callers that want only the acceptance."""
         meta = self.draft.metadata
         q = meta.training_block_size
         anchors, ids, pos, labels, weights = blocks if blocks is not None else self.blocks(input_ids, loss_mask, key)
@@ -194,7 +195,7 @@ class DraftTrainer:
             hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
             keep = weights > 0
             logits = self.draft.logits(hidden[keep], self.head)
-        if self.teacher is not None:
+        if self.teacher is not None and soft_labels:
             with torch.no_grad():  # the target's distribution for position p comes from its state at p - 1
                 t_hidden = self.teacher.hidden(input_ids, feats)
                 t_logits = self.draft.logits(t_hidden[pos[keep] - 1], self.head)
