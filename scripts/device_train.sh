@@ -44,7 +44,7 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   # 2) a long run continuing the shipped draft; checkpoints every 200 steps so a cut-off run still yields a draft
   G="$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf"
   # --shards counts shard-00000 on, so ask for more than the committed ones (the time limit stops it)
-  have=$(find runs/gpu/data -maxdepth 1 -name 'shard-[0-9]*.npz' | wc -l)
+  have=$(find runs/gpu/data -maxdepth 1 -name 'shard-[0-9]*.npz' ! -name '*.tmp.npz' | wc -l)
   timeout 240 python3 -m dflash_robot.cli data --target "$G" --device cuda --dtype bfloat16 --out runs/gpu/data \
       --shards $((have + 1000)) --batch-size 256 --max-new-tokens 256 || echo "data stopped by the time limit"
   timeout 300 python3 -m dflash_robot.cli train --target "$G" --device cuda --data runs/gpu/data --out runs/gpu \
