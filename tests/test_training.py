@@ -109,6 +109,34 @@ def test_training_raises_acceptance():
     assert before < 1.1 and after > before + 0.3
 
 
+@pytest.mark.parametrize("distill", [0.0, 0.5])
+def test_padded_shapes_leave_the_loss_and_gradients_unchanged(distill):
+    """Training pads each sequence's context and its weighted rows to a multiple of
+    `shape_quantum` (fewer distinct matmul shapes); the loss, its weight, the acceptance estimate
+    and every gradient equal the unpadded computation's (fp32)."""
+    tr = _trainer()
+    tr.cfg = dataclasses.replace(tr.cfg, distill=distill)
+    if distill:
+        from dflash_robot.training.trainer import TargetTail
+
+        tr.teacher = TargetTail(tr.target, tr.draft.metadata.target_layer_ids)
+    for ids, m in _data(n=3):
+        plan = tr.blocks(ids, m)
+        results = []
+        for quantum in (1, 64):
+            tr.shape_quantum = quantum
+            tr.draft.zero_grad()
+            loss, w, acc = tr.sequence_loss(ids, m, blocks=plan)
+            loss.backward()
+            results.append((loss.detach(), w, acc, [p.grad.clone() for p in tr.draft.parameters()]))
+        (l1, w1, a1, g1), (l64, w64, a64, g64) = results
+        assert ids.shape[0] % 64 and int((plan[-1] > 0).sum()) % 64  # padding did happen
+        torch.testing.assert_close(l64, l1, rtol=1e-5, atol=1e-5)
+        assert float(w64) == pytest.approx(float(w1), rel=1e-6) and float(a64) == float(a1)
+        for x, y in zip(g64, g1, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
 def test_resume_equals_uninterrupted(tmp_path):
     data = _data()
     batches = [data[(s * 4) % 24:(s * 4) % 24 + 4] for s in range(12)]
@@ -452,7 +480,8 @@ def test_distilled_loss_uses_the_targets_distribution_one_position_back():
     keep = weights > 0
     with torch.no_grad():
         want = tr.target(input_ids=ids[None]).logits[0][pos[keep] - 1]
-    draft_logits, teacher_logits = seen
+    n = int(keep.sum())  # rows past n pad the matmul shapes (`shape_quantum`), weighted 0
+    draft_logits, teacher_logits = (x[:n] for x in seen)
     torch.testing.assert_close(teacher_logits, want, rtol=1e-4, atol=1e-4)
     expect = -(want.softmax(-1) * draft_logits.float().log_softmax(-1)).sum(-1)
     torch.testing.assert_close(loss, (expect * weights[keep]).sum(), rtol=1e-4, atol=1e-4)

@@ -94,6 +94,16 @@ class TargetTail:
         return self.decoder.norm(h)[0]
 
 
+def pad_rows(x: torch.Tensor, quantum: int, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """x [n, ...] -> [n rounded up to a multiple of `quantum`, ...], the new rows zero (or `fill`
+    repeated, fill [1, ...]); x itself when nothing is added or x is empty."""
+    extra = -x.shape[0] % quantum
+    if extra == 0 or x.shape[0] == 0:
+        return x
+    tail = fill.expand(extra, *x.shape[1:]) if fill is not None else x.new_zeros(extra, *x.shape[1:])
+    return torch.cat([x, tail])
+
+
 def lr_lambda(cfg: OptimConfig):
     def f(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -122,6 +132,12 @@ class DraftTrainer:
         self.cache_features = cache_features
         self.feature_cache: dict[object, torch.Tensor] = {}
         self.store = store  # training.data.FeatureStore or None
+        # The draft's matmul shapes follow each sequence's length and its count of weighted rows.
+        # oneDNN compiles a kernel per shape and caches 1,024 (ONEDNN_PRIMITIVE_CACHE_CAPACITY);
+        # sequences of ~300 distinct lengths overflow it, and recompiling cost ~0.3 s of a 1.5 s step
+        # on the CPU box (docs/TRAINING.md, session 14). So both are padded to a multiple of this:
+        # context rows past the sequence (no block sees them) and repeated rows weighted 0.
+        self.shape_quantum = 64
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
         self._drawn = [0, 0]  # anchors drawn on-policy, all anchors drawn (this step)
         self.teacher = TargetTail(target, draft.metadata.target_layer_ids) if cfg.distill > 0 else None
@@ -188,24 +204,27 @@ class DraftTrainer:
             zero = self.draft.fc.weight.sum() * 0
             return zero, zero.detach(), torch.tensor(float("nan"))
         feats = self.features(input_ids, key)
-        mask = objective.block_mask(anchors, input_ids.shape[0], q)[None, None]
+        ctx = pad_rows(feats, self.shape_quantum)  # rows past the sequence: after every anchor, never seen
+        mask = objective.block_mask(anchors, ctx.shape[0], q)[None, None]
         noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
-        ctx_pos = torch.arange(input_ids.shape[0], device=input_ids.device)[None]
+        ctx_pos = torch.arange(ctx.shape[0], device=input_ids.device)[None]
+        kept = torch.nonzero(weights > 0, as_tuple=True)[0]
+        n_kept = kept.numel()
+        rows = pad_rows(kept, self.shape_quantum, fill=kept[:1])  # repeats of a kept row, weighted 0
+        row_w = torch.cat([weights[kept], weights.new_zeros(rows.numel() - n_kept)])
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            hidden = self.module(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]
-            keep = weights > 0
-            logits = self.draft.logits(hidden[keep], self.head)
+            hidden = self.module(noise, ctx[None], pos[None], ctx_pos, mask=mask)[0]
+            logits = self.draft.logits(hidden[rows], self.head)
         if self.teacher is not None and soft_labels:
             with torch.no_grad():  # the target's distribution for position p comes from its state at p - 1
                 t_hidden = self.teacher.hidden(input_ids, feats)
-                t_logits = self.draft.logits(t_hidden[pos[keep] - 1], self.head)
-            loss_sum, w_sum = objective.distill_cross_entropy(logits, t_logits, labels[keep], weights[keep],
-                                                              self.cfg.distill)
+                t_logits = self.draft.logits(t_hidden[pos[rows] - 1], self.head)
+            loss_sum, w_sum = objective.distill_cross_entropy(logits, t_logits, labels[rows], row_w, self.cfg.distill)
         else:
-            loss_sum, w_sum = objective.weighted_cross_entropy(logits, labels[keep], weights[keep])
+            loss_sum, w_sum = objective.weighted_cross_entropy(logits, labels[rows], row_w)
         with torch.no_grad():
             top1 = torch.zeros_like(labels, dtype=torch.bool)
-            top1[keep] = logits.argmax(-1) == labels[keep]
+            top1[kept] = logits[:n_kept].argmax(-1) == labels[kept]
             correct = (top1 | ~(pos < input_ids.shape[0])).view(-1, q)[:, 1:]
             acc = objective.expected_acceptance(correct)
         return loss_sum, w_sum, acc
@@ -270,20 +289,24 @@ class DraftTrainer:
                    anchors: torch.Tensor, q: int) -> torch.Tensor:
         """-> [N] how many tokens after each anchor the draft's block-q proposal gets right in a
         row (greedy, against the sequence; a non-response token or the sequence end stops it)."""
-        meta, n = self.draft.metadata, input_ids.shape[0]
+        meta, n, n_a = self.draft.metadata, input_ids.shape[0], anchors.numel()
+        # padded shapes, as in `sequence_loss`: repeats of the last anchor (blocks never see each
+        # other; their runs are dropped) and context rows past the sequence (after every anchor)
+        anchors = pad_rows(anchors, self.shape_quantum // 4, fill=anchors[-1:])
+        ctx = pad_rows(feats, self.shape_quantum)
         ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
                                                      meta.loss_decay)
-        mask = objective.block_mask(anchors, n, q)[None, None]
+        mask = objective.block_mask(anchors, ctx.shape[0], q)[None, None]
         noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
-        ctx_pos = torch.arange(n, device=input_ids.device)[None]
+        ctx_pos = torch.arange(ctx.shape[0], device=input_ids.device)[None]
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            hidden = self.draft(noise, feats[None], pos[None], ctx_pos, mask=mask)[0]  # not the DDP wrapper
+            hidden = self.draft(noise, ctx[None], pos[None], ctx_pos, mask=mask)[0]  # not the DDP wrapper
             pred = self.draft.logits(hidden, self.head).argmax(-1)
         if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
             labels = self.label_index.to(labels.device)[labels]
         inside = pos < n
         ok = (pred == labels) & inside & loss_mask[pos.clamp(max=n - 1)]
-        return ok.view(-1, q)[:, 1:].to(torch.long).cumprod(dim=1).sum(dim=1)
+        return ok.view(-1, q)[:n_a, 1:].to(torch.long).cumprod(dim=1).sum(dim=1)
 
     def train_step(self, batch: Iterable[tuple[torch.Tensor, torch.Tensor]],
                    keys: Sequence[object] | None = None) -> dict[str, float]:
