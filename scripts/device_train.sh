@@ -51,7 +51,7 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   timeout 240 python3 -m dflash_robot.cli data --target "$G" --device cuda --dtype bfloat16 --out runs/gpu/data \
       --shards $((have + 1000)) --batch-size 256 --max-new-tokens 256 || echo "data stopped by the time limit"
   timeout 300 python3 -m dflash_robot.cli train --target "$G" --device cuda --data runs/gpu/data --out runs/gpu \
-      --init draft:experiments/smollm2-5layer --draft-vocab 8192 --steps 3000 --batch-size 32 \
+      --init draft:experiments/smollm2-5layer --layers 5 --draft-vocab 8192 --steps 3000 --batch-size 32 \
       --lr 3e-4 --warmup-steps 100 --blocks-per-seq 64 --save-every 200 --eval-every 500 \
       || echo "training stopped by the time limit"
   mkdir -p "$OUT/draft" && cp runs/gpu/draft/* "$OUT/draft/" && cp runs/gpu/train_log.jsonl "$OUT/"
