@@ -12,7 +12,7 @@
 # Then, with the device tool, back to back:
 #   run(command="bash scripts/device_train.sh stage", carry=[".device/a"], timeout_s=120)
 #   run(command="bash scripts/device_train.sh train", carry=[".device/b", ".device/whl"], timeout_s=600)
-# The trained draft comes back under $OUT/draft (config.json + model.safetensors, bf16, ~23 MB)
+# The trained draft comes back under $OUT/draft (config.json + model.safetensors, bf16, ~39 MB)
 # with train_log.jsonl; compare it with the shipped draft (scripts/compare_drafts.py) before it
 # replaces dflash_robot/drafts/smollm2-135m-instruct/ or experiments/smollm2-5layer/.
 set -euo pipefail
@@ -43,7 +43,7 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   mkdir -p runs/gpu && cp -r data/smollm2-selfdistill runs/gpu/data
   # 1) more self-distilled data (batched generation is fast on the GPU; features cached as it goes),
   # 2) a long run continuing the best draft so far (the 5-layer one of experiments/, ahead of the shipped
-  #    one by 0.18 held-out chain tau; a continuation restarting above its last rate first loses tau, but
+  #    one by 0.23 held-out chain tau; a continuation restarting above its last rate first loses tau, but
   #    batch 32 is 8x the CPU runs' batch); checkpoints every 200 steps so a cut-off run still yields a draft
   G="$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf"
   # --shards counts shard-00000 on, so ask for more than the committed ones (the time limit stops it)

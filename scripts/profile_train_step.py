@@ -55,8 +55,9 @@ def main() -> None:
     model, tok = load_target_model(default_target_path(), None, "float32", "cpu")
     pack_linears(model)
     draft, _ = R._make_draft(run, model, tok, samples)
-    store = FeatureStore(Path(args.data), draft.metadata.target_layer_ids, model.config.hidden_size)
+    # features first: the store lists the tap sets that exist when it is made (as `run.train` does)
     R.ensure_features(model, Path(args.data), draft.metadata.target_layer_ids, only={s[2][0] for s in samples})
+    store = FeatureStore(Path(args.data), draft.metadata.target_layer_ids, model.config.hidden_size)
     cfg = OptimConfig(lr=1e-4, warmup_steps=50, total_steps=3000, blocks_per_seq=32, bf16_autocast=True)
     trainer = DraftTrainer(model, draft, cfg, store=store)
     trainer.shape_quantum = args.shape_quantum

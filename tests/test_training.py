@@ -481,6 +481,7 @@ def test_distilled_loss_uses_the_targets_distribution_one_position_back():
     with torch.no_grad():
         want = tr.target(input_ids=ids[None]).logits[0][pos[keep] - 1]
     n = int(keep.sum())  # rows past n pad the matmul shapes (`shape_quantum`), weighted 0
+    assert seen[0].shape[0] % tr.shape_quantum == 0 and seen[0].shape[0] > n
     draft_logits, teacher_logits = (x[:n] for x in seen)
     torch.testing.assert_close(teacher_logits, want, rtol=1e-4, atol=1e-4)
     expect = -(want.softmax(-1) * draft_logits.float().log_softmax(-1)).sum(-1)

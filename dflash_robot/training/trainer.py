@@ -136,7 +136,9 @@ class DraftTrainer:
         # oneDNN compiles a kernel per shape and caches 1,024 (ONEDNN_PRIMITIVE_CACHE_CAPACITY);
         # sequences of ~300 distinct lengths overflow it, and recompiling cost ~0.3 s of a 1.5 s step
         # on the CPU box (docs/TRAINING.md, session 14). So both are padded to a multiple of this:
-        # context rows past the sequence (no block sees them) and repeated rows weighted 0.
+        # context rows past the sequence (no block sees them) and repeated rows weighted 0. (The
+        # block rows are not: a sequence has fewer than `blocks_per_seq` anchors only when its
+        # response is that short.)
         self.shape_quantum = 64
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
         self._drawn = [0, 0]  # anchors drawn on-policy, all anchors drawn (this step)
@@ -292,7 +294,7 @@ class DraftTrainer:
         meta, n, n_a = self.draft.metadata, input_ids.shape[0], anchors.numel()
         # padded shapes, as in `sequence_loss`: repeats of the last anchor (blocks never see each
         # other; their runs are dropped) and context rows past the sequence (after every anchor)
-        anchors = pad_rows(anchors, self.shape_quantum // 4, fill=anchors[-1:])
+        anchors = pad_rows(anchors, max(1, self.shape_quantum // 4), fill=anchors[-1:])
         ctx = pad_rows(feats, self.shape_quantum)
         ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
                                                      meta.loss_decay)
