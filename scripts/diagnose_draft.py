@@ -23,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.targets.loading import default_target_path, load_target_model
@@ -72,10 +71,8 @@ def confidence_bins(tr: DraftTrainer, model, samples: list, q: int
         a = torch.nonzero(m[1:], as_tuple=True)[0]
         a = a[a < x.numel() - 1]
         ids, pos, _, _ = objective.block_inputs(x, m, a, q, meta.mask_token_id, meta.loss_decay)
-        mask = objective.block_mask(a, x.numel(), q)[None, None]
-        noise = F.embedding(ids, tr.embed)[None] * meta.input_embedding_scale
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            h = draft(noise, tr.features(x, s[2])[None], pos[None], torch.arange(x.numel())[None], mask=mask)[0]
+            h = tr.block_states(draft, tr.features(x, s[2]), ids, pos, a, q)
             pred = draft.logits(h, tr.head).argmax(-1)
         if draft.vocab_ids is not None:
             pred = draft.vocab_ids[pred]

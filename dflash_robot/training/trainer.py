@@ -206,16 +206,12 @@ class DraftTrainer:
             zero = self.draft.fc.weight.sum() * 0
             return zero, zero.detach(), torch.tensor(float("nan"))
         feats = self.features(input_ids, key)
-        ctx = pad_rows(feats, self.shape_quantum)  # rows past the sequence: after every anchor, never seen
-        mask = objective.block_mask(anchors, ctx.shape[0], q)[None, None]
-        noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
-        ctx_pos = torch.arange(ctx.shape[0], device=input_ids.device)[None]
         kept = torch.nonzero(weights > 0, as_tuple=True)[0]
         n_kept = kept.numel()
         rows = pad_rows(kept, self.shape_quantum, fill=kept[:1])  # repeats of a kept row, weighted 0
         row_w = torch.cat([weights[kept], weights.new_zeros(rows.numel() - n_kept)])
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            hidden = self.module(noise, ctx[None], pos[None], ctx_pos, mask=mask)[0]
+            hidden = self.block_states(self.module, feats, ids, pos, anchors, q)
             logits = self.draft.logits(hidden[rows], self.head)
         if self.teacher is not None and soft_labels:
             with torch.no_grad():  # the target's distribution for position p comes from its state at p - 1
@@ -230,6 +226,18 @@ class DraftTrainer:
             correct = (top1 | ~(pos < input_ids.shape[0])).view(-1, q)[:, 1:]
             acc = objective.expected_acceptance(correct)
         return loss_sum, w_sum, acc
+
+    def block_states(self, module: nn.Module, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor,
+                     anchors: torch.Tensor, q: int) -> torch.Tensor:
+        """The draft (`module`: itself or its DDP wrapper) on one sequence's blocks (ids, pos [N*q])
+        over its features [S, ...] with `objective.block_mask` -> final-normed states [N*q, H]. The
+        context is padded to a multiple of `shape_quantum` rows; they come after every anchor, so
+        no block sees them."""
+        ctx = pad_rows(feats, self.shape_quantum)
+        mask = objective.block_mask(anchors, ctx.shape[0], q)[None, None]
+        noise = F.embedding(ids, self.embed)[None] * self.draft.metadata.input_embedding_scale
+        ctx_pos = torch.arange(ctx.shape[0], device=ctx.device)[None]
+        return module(noise, ctx[None], pos[None], ctx_pos, mask=mask)[0]
 
     @torch.no_grad()
     def chain_acceptance(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
@@ -293,16 +301,12 @@ class DraftTrainer:
         row (greedy, against the sequence; a non-response token or the sequence end stops it)."""
         meta, n, n_a = self.draft.metadata, input_ids.shape[0], anchors.numel()
         # padded shapes, as in `sequence_loss`: repeats of the last anchor (blocks never see each
-        # other; their runs are dropped) and context rows past the sequence (after every anchor)
+        # other; their runs are dropped)
         anchors = pad_rows(anchors, max(1, self.shape_quantum // 4), fill=anchors[-1:])
-        ctx = pad_rows(feats, self.shape_quantum)
         ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
                                                      meta.loss_decay)
-        mask = objective.block_mask(anchors, ctx.shape[0], q)[None, None]
-        noise = F.embedding(ids, self.embed)[None] * meta.input_embedding_scale
-        ctx_pos = torch.arange(ctx.shape[0], device=input_ids.device)[None]
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            hidden = self.draft(noise, ctx[None], pos[None], ctx_pos, mask=mask)[0]  # not the DDP wrapper
+            hidden = self.block_states(self.draft, feats, ids, pos, anchors, q)  # not the DDP wrapper
             pred = self.draft.logits(hidden, self.head).argmax(-1)
         if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
             labels = self.label_index.to(labels.device)[labels]
