@@ -1,7 +1,7 @@
 """The cost of one draft proposal: the module forward (`DFlashDraft.forward`) against the lean
 forward (`drafts/lean.py`) at each weight precision, on the default target and shipped draft.
 
-Usage: python scripts/profile_draft.py [--threads 2]
+Usage: python scripts/profile_draft.py [--threads 2] [--drafts shipped,DIR,...] [--precisions ...]
 
 One proposal after 200 tokens of context with 2 new context rows (a decode step), median of 50,
 argmax and the host transfer included. docs/BENCHMARKS.md (sessions 6 and 7) quotes it.
@@ -31,24 +31,35 @@ def _set_context(prop: DFlashProposer, n: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--drafts", default="shipped",
+                    help="comma-separated: 'shipped' or draft directories; each is profiled on the same target")
+    ap.add_argument("--precisions", default="fp32,bf16,int8,int4", help="the lean forward's weight precisions")
+    ap.add_argument("--module", action="store_true",
+                    help="also the module forward and the lean torch path (kernels off), as sessions 5-6 ran them")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load()
-    base = rt.orchestrator.drafter
     emb, head = rt.target.input_embedding_weight(), rt.target.output_head()
-    packed = copy.deepcopy(base.draft)
-    pack_linears(packed)  # session 5's path: the module with oneDNN-packed fp32 linears
-    variants = [("module, fp32", DFlashProposer(packed, emb, head, lean=False))]
-    variants += [(f"lean, {p}", DFlashProposer(base.draft, emb, head, precision=p))
-                 for p in ("fp32", "bf16", "int8", "int4")]
+    from dflash_robot.drafts.checkpoint import load_draft
     from dflash_robot.drafts.lean import LeanDraftForward
 
-    for p in ("fp32", "int8"):  # the lean forward's torch path (fused kernels off), as session 6 ran it
-        prop = DFlashProposer(base.draft, emb, head, precision=p)
-        prop._lean = LeanDraftForward(base.draft, p, kernels=False)
-        variants.append((f"lean, {p}, torch path", prop))
-    feats = torch.randn(200, base.draft.fc.in_features)
+    variants = []
+    for spec in args.drafts.split(","):
+        draft = rt.orchestrator.drafter.draft if spec == "shipped" else load_draft(spec, dtype=torch.float32)
+        label = f"{spec} ({len(draft.layers)} layers)"
+        if args.module:
+            packed = copy.deepcopy(draft)
+            pack_linears(packed)  # session 5's path: the module with oneDNN-packed fp32 linears
+            variants.append((f"{label}, module, fp32", DFlashProposer(packed, emb, head, lean=False)))
+        variants += [(f"{label}, lean, {p}", DFlashProposer(draft, emb, head, precision=p))
+                     for p in args.precisions.split(",")]
+        if args.module:
+            for p in ("fp32", "int8"):  # the lean forward's torch path (fused kernels off), as session 6 ran it
+                prop = DFlashProposer(draft, emb, head, precision=p)
+                prop._lean = LeanDraftForward(draft, p, kernels=False)
+                variants.append((f"{label}, lean, {p}, torch path", prop))
     for name, prop in variants:
+        feats = torch.randn(200, prop.draft.fc.in_features)  # the draft's own taps x hidden size
         row = []
         for q in (4, 16):
             blk = torch.tensor([5] + [prop.metadata.mask_token_id] * (q - 1))
@@ -61,7 +72,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
                 _set_context(prop, 200)
             row.append(f"block {q}: {sorted(times[10:])[25] * 1e3:.2f} ms")
-        print(f"{name:26s} " + "  ".join(row), flush=True)
+        print(f"{name:44s} " + "  ".join(row), flush=True)
 
 
 if __name__ == "__main__":

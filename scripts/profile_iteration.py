@@ -14,10 +14,11 @@ import time
 import torch
 from transformers import DynamicCache
 
+from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.drafts.model import build_draft
 from dflash_robot.runtime.acceptance import greedy_accept
 from dflash_robot.runtime.api import DEFAULT_DRAFT, DFlashRuntime
-from dflash_robot.targets.loading import default_target_path, load_draft, load_target_model
+from dflash_robot.targets.loading import default_target_path, load_target_model
 
 
 def main() -> None:
