@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import warnings
@@ -345,22 +346,52 @@ class FeatureStore:
     def __init__(self, data_dir: Path, layer_ids: Sequence[int], hidden: int):
         self.sets: list[tuple[Path, list[slice]]] = []
         self.maps: dict[str, tuple[np.ndarray, list[slice]] | None] = {}
+        self._fds: dict[str, int] = {}  # descriptors for `prefetch`
         for d in sorted((data_dir / "features").glob("taps-*")):
             stored = [int(x) for x in d.name[5:].split("-")]
             if all(i in stored for i in layer_ids):
                 cols = [slice(stored.index(i) * hidden, (stored.index(i) + 1) * hidden) for i in layer_ids]
                 self.sets.append((d, cols))
 
-    def get(self, shard: str, a: int, b: int) -> torch.Tensor | None:
+    def _entry(self, shard: str) -> tuple[np.ndarray, list[slice]] | None:
         if shard not in self.maps:
             found = [(d / f"{shard}.npy", cols) for d, cols in self.sets if (d / f"{shard}.npy").exists()]
             self.maps[shard] = (np.load(found[0][0], mmap_mode="r"), found[0][1]) if found else None
-        entry = self.maps[shard]
+        return self.maps[shard]
+
+    def get(self, shard: str, a: int, b: int) -> torch.Tensor | None:
+        entry = self._entry(shard)
         if entry is None:
             return None
         m, cols = entry
         rows = torch.from_numpy(np.array(m[a:b])).view(torch.bfloat16)
         return torch.cat([rows[:, c] for c in cols], dim=-1)
+
+    def prefetch(self, keys: Sequence[tuple[str, int, int]]) -> None:
+        """Ask the kernel to start reading these samples' rows now (`posix_fadvise` WILLNEED), so
+        that a later `get` finds them in the page cache. The training loop calls it for the next
+        steps' batches: on a box that reclaims cold page-cache pages the features of a large set
+        are read from disk, and this lets that I/O overlap the current step (docs/TRAINING.md,
+        session 15). A hint only: what `get` returns does not depend on it."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for shard, a, b in keys:
+            entry = self._entry(shard)
+            if entry is None:
+                continue
+            m = entry[0]
+            if not isinstance(m, np.memmap) or m.filename is None:
+                continue
+            row = m.strides[0]
+            fd = self._fds.get(shard)
+            if fd is None:
+                fd = self._fds[shard] = os.open(m.filename, os.O_RDONLY)
+            os.posix_fadvise(fd, m.offset + a * row, max(b - a, 0) * row, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def load_dataset(data_dir: str | Path, max_len: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -328,7 +328,10 @@ def train(run: TrainRun) -> Path:
             head[f"step0_holdout_tau_chain_b{q}"] = holdout_chain(trainer, holdout, q)
         for f in logs:
             f.write(json.dumps(head) + "\n")
-    _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
+    try:
+        _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
+    finally:
+        store.close()
     if world > 1:
         dist.destroy_process_group()
     load_draft(out / "draft")  # the result reloads
@@ -342,6 +345,10 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
     while trainer.step < run.steps:
         idx = batch_indices(trainer.step, len(train_set), run.batch_size, run.seed, rank, world)
         batch = [train_set[i] for i in idx]
+        if trainer.store is not None:  # the next two steps' features start loading during this one
+            ahead = [train_set[i][2] for s in (1, 2) if trainer.step + s < run.steps
+                     for i in batch_indices(trainer.step + s, len(train_set), run.batch_size, run.seed, rank, world)]
+            trainer.store.prefetch([k for k in ahead if isinstance(k, tuple) and len(k) == 3])
         t0 = time.perf_counter()
         stats = trainer.train_step([(s[0], s[1]) for s in batch], keys=[s[2] for s in batch])
         stats["step_s"] = time.perf_counter() - t0
