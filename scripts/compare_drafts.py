@@ -10,11 +10,11 @@ over the verify steps of all prompts, as `bench` reports it, and the decode tok/
 draft in the package. docs/TRAINING.md quotes it when a draft is considered for shipping.
 
 One target serves every draft (each draft gets its own proposer and orchestrator over it, at the
-precision `DFlashRuntime.load` would give it), and the drafts take turns prompt by prompt, the
-order rotating from one prompt to the next, so drift on a shared box reaches every draft alike.
-Block size 1 is the target alone (no draft): it is run once per prompt, as "autoregressive", in the
-same rotation. `--repeats N` runs every prompt N times per draft (tok/s over all of them; greedy
-τ does not change).
+precision `DFlashRuntime.load` would give it). For each prompt every (draft, block size) run is
+made, in an order that rotates from one prompt to the next, so drift on a shared box reaches every
+run alike. Block size 1 is the target alone (no draft): it is run once per prompt, as
+"autoregressive", in the same rotation. `--repeats N` runs every prompt N times per run (tok/s
+over all of them; greedy τ does not change).
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the floor's setting)")
     ap.add_argument("--seeds", type=int, default=1, help="sampled runs per prompt (seeds 0..N-1)")
     args = ap.parse_args()
+    for flag in ("limit", "repeats", "seeds", "max_new_tokens"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1")
     sampling = SamplingConfig(temperature=args.temperature)
     seeds = list(range(args.seeds)) if args.temperature > 0 else [None]
     names = args.drafts.split(",")
@@ -52,7 +55,7 @@ def main() -> None:
     drafts = {n: None if n == "shipped" else load_draft(n, dtype=torch.float32) for n in names}  # bad paths fail first
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load()
-    orchestrators = {}
+    orchestrators = {"autoregressive": rt.orchestrator}
     for n, d in drafts.items():
         if d is None:
             orchestrators[n] = rt.orchestrator
@@ -61,33 +64,33 @@ def main() -> None:
             prop = DFlashProposer(d, rt.target.input_embedding_weight(), rt.target.output_head(),
                                   precision=draft_precision(rt.info["precision"]))
             orchestrators[n] = RuntimeOrchestrator(rt.target, prop, rt.orchestrator.prefill_chunk_size)
+    runs = ([("autoregressive", 1)] if 1 in block_sizes else []) + [(n, q) for q in block_sizes if q > 1
+                                                                     for n in names]
     eos = rt.stop_token_ids()
     warm = rt.encode(formatted_prompts(args.datasets.split(",")[0], 1)[0])
-    for orch in orchestrators.values():  # untimed: first-call allocations and kernel builds
-        orch.generate(warm, GenerationConfig(16, max(block_sizes), sampling, stop_token_ids=eos))
+    for n, q in runs:  # untimed: first-call allocations and kernel builds at each block size
+        orchestrators[n].generate(warm, GenerationConfig(16, q, sampling, stop_token_ids=eos))
     rows = []
     for ds in args.datasets.split(","):
         prompts = [rt.encode(t) for t in formatted_prompts(ds, args.limit)]
         jobs = [(i, s) for i in prompts for s in seeds for _ in range(args.repeats)]
-        for q in block_sizes:
-            runners = ["autoregressive"] if q == 1 else names
-            acc: dict[str, list[int]] = {n: [] for n in runners}
-            toks = dict.fromkeys(runners, 0)
-            secs = dict.fromkeys(runners, 0.0)
-            for k, (ids, seed) in enumerate(jobs):
-                for n in runners[k % len(runners):] + runners[:k % len(runners)]:
-                    orch = rt.orchestrator if n == "autoregressive" else orchestrators[n]
-                    r = orch.generate(ids, GenerationConfig(args.max_new_tokens, q, sampling, stop_token_ids=eos,
-                                                            seed=seed))
-                    acc[n] += r.acceptance_lengths
-                    toks[n] += len(r.token_ids) - 1
-                    secs[n] += r.decode_s
-            for n in runners:
-                rows.append({"draft": n, "dataset": ds, "block_size": q, "temperature": args.temperature,
-                             "tau": round(sum(acc[n]) / len(acc[n]), 3), "tok_s": round(toks[n] / secs[n], 1),
-                             "repeats": args.repeats})
-                print(json.dumps(rows[-1]), flush=True)
-
+        acc: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
+        toks = dict.fromkeys(runs, 0)
+        secs = dict.fromkeys(runs, 0.0)
+        for k, (ids, seed) in enumerate(jobs):
+            for n, q in runs[k % len(runs):] + runs[:k % len(runs)]:
+                r = orchestrators[n].generate(ids, GenerationConfig(args.max_new_tokens, q, sampling,
+                                                                    stop_token_ids=eos, seed=seed))
+                acc[n, q] += r.acceptance_lengths
+                toks[n, q] += len(r.token_ids) - 1
+                secs[n, q] += r.decode_s
+        for n, q in runs:
+            a = acc[n, q]
+            rows.append({"draft": n, "dataset": ds, "block_size": q, "temperature": args.temperature,
+                         "tau": round(sum(a) / len(a), 3) if a else None,
+                         "tok_s": round(toks[n, q] / secs[n, q], 1) if secs[n, q] > 0 else None,
+                         "repeats": args.repeats})
+            print(json.dumps(rows[-1]), flush=True)
 
 if __name__ == "__main__":
     main()

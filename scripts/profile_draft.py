@@ -1,5 +1,6 @@
-"""The cost of one draft proposal: the module forward (`DFlashDraft.forward`) against the lean
-forward (`drafts/lean.py`) at each weight precision, on the default target and shipped draft.
+"""The cost of one draft proposal: the lean forward (`drafts/lean.py`) at each weight precision,
+and with `--module` also the module forward (`DFlashDraft.forward`) and the lean forward's torch
+path, on the default target; for the shipped draft or any others, each with its own tap count.
 
 Usage: python scripts/profile_draft.py [--threads 2] [--drafts shipped,DIR,...] [--precisions ...]
 
@@ -45,7 +46,8 @@ def main() -> None:
 
     variants = []
     for spec in args.drafts.split(","):
-        draft = rt.orchestrator.drafter.draft if spec == "shipped" else load_draft(spec, dtype=torch.float32)
+        draft = rt.draft if spec == "shipped" else load_draft(spec, dtype=torch.float32)
+        assert draft is not None
         label = f"{spec} ({len(draft.layers)} layers)"
         if args.module:
             packed = copy.deepcopy(draft)

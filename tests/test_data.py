@@ -190,7 +190,8 @@ def test_feature_store_reads_each_shard_from_a_tap_set_that_has_it(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is POSIX-only")
 def test_feature_store_prefetch_names_exactly_the_rows_get_reads(tmp_path, monkeypatch):
     """`prefetch` hints the byte range of rows a..b of the shard's file (what `get` reads
-    next); it changes nothing `get` returns, and shards without features are skipped."""
+    next); it changes nothing `get` returns, and shards without features or empty ranges
+    (which `posix_fadvise` would read as "to the end of the file") are skipped."""
     a = torch.arange(10 * 6, dtype=torch.float32).view(10, 6).to(torch.bfloat16)
     path = D.taps_dir(tmp_path, (1, 2, 3)) / "shard-00000.npy"
     D._save_features(path, a)
@@ -199,13 +200,12 @@ def test_feature_store_prefetch_names_exactly_the_rows_get_reads(tmp_path, monke
     calls = []
     real = os.posix_fadvise
     monkeypatch.setattr(os, "posix_fadvise", lambda *a: calls.append(a) or real(*a))
-    store.prefetch([("shard-00000", 3, 7), ("shard-00009", 0, 4)])
+    store.prefetch([("shard-00000", 3, 7), ("shard-00009", 0, 4), ("shard-00000", 5, 5)])
     assert len(calls) == 1 and calls[0][3] == os.POSIX_FADV_WILLNEED
     _, off, n, _ = calls[0]
     raw = np.frombuffer(path.read_bytes()[off:off + n], dtype=np.uint16).reshape(4, 6)  # all stored taps
     assert torch.equal(torch.from_numpy(raw.copy()).view(torch.bfloat16), a[3:7])
     assert torch.equal(store.get("shard-00000", 3, 7), before)
-    store.close()
 
 
 def test_partial_shard_files_are_not_data(tmp_path):

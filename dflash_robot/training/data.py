@@ -346,7 +346,6 @@ class FeatureStore:
     def __init__(self, data_dir: Path, layer_ids: Sequence[int], hidden: int):
         self.sets: list[tuple[Path, list[slice]]] = []
         self.maps: dict[str, tuple[np.ndarray, list[slice]] | None] = {}
-        self._fds: dict[str, int] = {}  # descriptors for `prefetch`
         for d in sorted((data_dir / "features").glob("taps-*")):
             stored = [int(x) for x in d.name[5:].split("-")]
             if all(i in stored for i in layer_ids):
@@ -370,28 +369,28 @@ class FeatureStore:
     def prefetch(self, keys: Sequence[tuple[str, int, int]]) -> None:
         """Ask the kernel to start reading these samples' rows now (`posix_fadvise` WILLNEED), so
         that a later `get` finds them in the page cache. The training loop calls it for the next
-        steps' batches: on a box that reclaims cold page-cache pages the features of a large set
-        are read from disk, and this lets that I/O overlap the current step (docs/TRAINING.md,
-        session 15). A hint only: what `get` returns does not depend on it."""
+        steps' batches: where the machine reclaims cold page-cache pages, a large set's features
+        are read from disk at each visit, and this lets that I/O overlap the current step
+        (docs/TRAINING.md, session 15). A hint only: nothing `get` returns depends on it, and a
+        failure to give it is ignored."""
         if not hasattr(os, "posix_fadvise"):
             return
         for shard, a, b in keys:
             entry = self._entry(shard)
-            if entry is None:
+            if entry is None or b <= a:  # (a length of 0 would mean "to the end of the file")
                 continue
             m = entry[0]
             if not isinstance(m, np.memmap) or m.filename is None:
                 continue
             row = m.strides[0]
-            fd = self._fds.get(shard)
-            if fd is None:
-                fd = self._fds[shard] = os.open(m.filename, os.O_RDONLY)
-            os.posix_fadvise(fd, m.offset + a * row, max(b - a, 0) * row, os.POSIX_FADV_WILLNEED)
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+            try:
+                fd = os.open(m.filename, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, m.offset + a * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
 
 
 def load_dataset(data_dir: str | Path, max_len: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:

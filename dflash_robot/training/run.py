@@ -10,6 +10,7 @@ read with `torch.load(weights_only=True)`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -124,9 +125,13 @@ def batch_indices(step: int, n: int, batch: int, seed: int, rank: int, world: in
     out = []
     for k in range(start + rank * batch, start + rank * batch + batch):
         epoch, pos = divmod(k, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-        out.append(int(perm[pos]))
+        out.append(int(_epoch_order(n, seed, epoch)[pos]))
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
 
 
 def token_coverage(samples: list, sizes: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
@@ -328,10 +333,7 @@ def train(run: TrainRun) -> Path:
             head[f"step0_holdout_tau_chain_b{q}"] = holdout_chain(trainer, holdout, q)
         for f in logs:
             f.write(json.dumps(head) + "\n")
-    try:
-        _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
-    finally:
-        store.close()
+    _loop(run, trainer, train_set, holdout, logs, ckpt, out, rank, world)
     if world > 1:
         dist.destroy_process_group()
     load_draft(out / "draft")  # the result reloads
