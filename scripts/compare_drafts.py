@@ -7,7 +7,9 @@ Usage: python scripts/compare_drafts.py --drafts shipped,runs/stage6/draft [--da
 Greedy, 128 new tokens, z-lab's prompt formats with the chat template (`bench.datasets`), the default
 target and engine (or sampled at `--temperature`, each prompt once per seed in `--seeds`); τ pooled
 over the verify steps of all prompts, as `bench` reports it, and the decode tok/s. "shipped" is the
-draft in the package. docs/TRAINING.md quotes it when a draft is considered for shipping.
+draft in the package. A draft may name the precision of its lean forward after an @ (`shipped@int4`;
+default: what `DFlashRuntime.load` gives it). docs/TRAINING.md quotes it when a draft is considered for
+shipping.
 
 One target serves every draft (each draft gets its own proposer and orchestrator over it, at the
 precision `DFlashRuntime.load` would give it). For each prompt every (draft, block size) run is
@@ -52,18 +54,22 @@ def main() -> None:
     seeds = list(range(args.seeds)) if args.temperature > 0 else [None]
     names = args.drafts.split(",")
     block_sizes = [int(x) for x in args.block_sizes.split(",")]
-    drafts = {n: None if n == "shipped" else load_draft(n, dtype=torch.float32) for n in names}  # bad paths fail first
+    paths = {n: n.split("@")[0] for n in names}
+    drafts = {n: None if p == "shipped" else load_draft(p, dtype=torch.float32) for n, p in paths.items()}  # fail early
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load()
     orchestrators = {"autoregressive": rt.orchestrator}
     for n, d in drafts.items():
-        if d is None:
+        precision = n.split("@")[1] if "@" in n else None
+        if d is None and precision is None:
             orchestrators[n] = rt.orchestrator
-        else:
-            check_compatible(d, rt.target)
-            prop = DFlashProposer(d, rt.target.input_embedding_weight(), rt.target.output_head(),
-                                  precision=draft_precision(rt.info["precision"]))
-            orchestrators[n] = RuntimeOrchestrator(rt.target, prop, rt.orchestrator.prefill_chunk_size)
+            continue
+        d = rt.draft if d is None else d
+        assert d is not None
+        check_compatible(d, rt.target)
+        prop = DFlashProposer(d, rt.target.input_embedding_weight(), rt.target.output_head(),
+                              precision=precision or draft_precision(rt.info["precision"], d))
+        orchestrators[n] = RuntimeOrchestrator(rt.target, prop, rt.orchestrator.prefill_chunk_size)
     runs = ([("autoregressive", 1)] if 1 in block_sizes else []) + [(n, q) for q in block_sizes if q > 1
                                                                      for n in names]
     eos = rt.stop_token_ids()

@@ -4,9 +4,10 @@ quantized weights leave generation lossless (the target verifies every token).""
 
 import pytest
 import torch
-from tiny import plain_greedy_cached, random_prompt, taught_target, trained_draft
+from tiny import MASK, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.drafts.lean import LeanDraftForward
+from dflash_robot.drafts.model import build_draft
 from dflash_robot.runtime.api import DFlashRuntime, draft_precision
 from dflash_robot.runtime.config import GenerationConfig
 from dflash_robot.runtime.proposer import DFlashProposer
@@ -75,9 +76,12 @@ def test_quantized_draft_stays_close_and_lossless(precision):
 
 def test_the_runtime_picks_the_draft_precision_from_the_target():
     assert draft_precision("fp32") == "fp32" and draft_precision("bf16") == "bf16"
-    assert draft_precision("gguf") == draft_precision("int4") == "int8"
+    assert draft_precision("gguf") == draft_precision("int4") == draft_precision("int8") == "int4"
     rt = DFlashRuntime.from_models(taught_target("llama"), trained_draft("llama"), engine="lean", precision="int8")
-    assert rt.orchestrator.drafter._lean.precision == "int8"
+    assert rt.orchestrator.drafter._lean.precision == "int4"
+    odd = build_draft(taught_target("llama").config, 1, 4, mask_token_id=MASK,
+                      intermediate_size=40)  # 40 is not a multiple of int4's group of 32
+    assert draft_precision("gguf", trained_draft("llama")) == "int4" and draft_precision("gguf", odd) == "int8"
 
 
 def test_a_draft_the_lean_forward_does_not_cover_runs_the_module():

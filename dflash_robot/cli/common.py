@@ -64,7 +64,7 @@ def add_model_args(p: argparse.ArgumentParser, engine: bool = True) -> None:
                        help="weights of the lean engine: fp32, bf16, int8 (per channel), int4 (groups of 32), or "
                             "gguf (the GGUF target's own Q4_0/Q4_1 blocks as int4); products other than fp32 take "
                             "bf16 activations; auto = gguf for a Q4 GGUF target, else fp32 (default: auto). The "
-                            "draft's weights follow: fp32 under fp32, bf16 under bf16, int8 otherwise")
+                            "draft's weights follow: fp32 under fp32, bf16 under bf16, int4 otherwise")
     g.add_argument("--threads", type=int_at_least(1), help="torch intra-op threads (default: torch's choice)")
 
 

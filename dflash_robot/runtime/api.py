@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.drafts.model import DFlashDraft
@@ -39,6 +40,7 @@ from dflash_robot.targets.loading import (
     load_target_model,
     parse_dtype,
 )
+from dflash_robot.targets.quant import GROUP as INT4_GROUP
 
 DEFAULT_DRAFT = SHIPPED_DRAFT
 # The lean engine's weights when nothing is asked: "auto" = the GGUF's own Q4 blocks ("gguf") for a
@@ -105,7 +107,7 @@ class DFlashRuntime:
         # the draft is not packed: its lean forward (drafts/lean.py) keeps its own packed copies
         if draft is not None:
             proposer = DFlashProposer(draft, target.input_embedding_weight(), target.output_head(),
-                                      precision=draft_precision(precision))
+                                      precision=draft_precision(precision, draft))
         rt = cls(target, tokenizer, draft, RuntimeOrchestrator(target, proposer, prefill_chunk_size))
         rt.info["kernels"] = "fused" if getattr(target, "fused_kernels", False) else "torch"
         return rt
@@ -332,12 +334,20 @@ def _draft_forward(rt: DFlashRuntime) -> str:
     return "module" if lean is None else f"lean {lean.precision}"
 
 
-def draft_precision(target_precision: str) -> str:
+def draft_precision(target_precision: str, draft: DFlashDraft | None = None) -> str:
     """The draft's weights for a target at `target_precision` (`drafts/lean.py`): quantized targets
-    get an int8 draft. Measured 2026-11-30 on the shipped SmolLM2 draft (2 threads): a block-4
-    proposal took 2.0 ms in fp32, 1.8 in bf16, 1.1 in int8, 1.0 in int4, with the same τ to
-    two decimals at blocks 4 and 16 on 6 HumanEval + 6 GSM8K prompts; int8 is the smaller change."""
-    return {"fp32": "fp32", "bf16": "bf16"}.get(target_precision, "int8")
+    get an int4 draft (groups of 32; its head's rows stay bf16), or int8 (per channel) when one of
+    `draft`'s products has an input width that is not a multiple of 32. Measured 2026-12-02 on the 2-core
+    Xeon box, in place between the target's verifies, the shipped draft's block-4 proposal took
+    3.06 ms in int8 and 2.05 ms in int4 (the 5-layer draft: 4.23 and 3.24 ms), and side by side on
+    10 HumanEval + 10 GSM8K prompts τ stayed within 0.025 either way while DFlash ran 3-6% faster
+    at block 4 (docs/BENCHMARKS.md, session 15). Session 6 (2026-11-30, the AMD box) had int8 at
+    1.1 ms and int4 at 1.0 ms with the same τ to two decimals, and kept int8 as the smaller change."""
+    if target_precision in ("fp32", "bf16"):
+        return target_precision
+    if draft is not None and any(m.in_features % INT4_GROUP for m in draft.modules() if isinstance(m, nn.Linear)):
+        return "int8"
+    return "int4"
 
 
 def _snapshot(target_path: Path, gguf_file: str | None, engine: str, dtype: torch.dtype, device: str
