@@ -2,6 +2,7 @@
 
 Usage: python scripts/profile_iteration.py [--draft shipped|DIR] [--block-sizes 4,16] [--context 256]
                                            [--iters 60] [--threads 2] [--engine auto] [--precision auto]
+                                           [--draft-precision int8|int4|...]
 
 Loads what `dflash-robot generate` loads (the lean engine on the GGUF's own weights, fused kernels,
 the draft at the precision the runtime gives it), then times the same calls the orchestrator makes
@@ -40,12 +41,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engine", default="auto")
     ap.add_argument("--precision", default="auto")
+    ap.add_argument("--draft-precision", default=None, help="the draft's lean forward (default: the runtime's choice)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load(draft=None if args.draft == "shipped" else args.draft, engine=args.engine,
                             precision=args.precision)
     tgt, drafter = rt.target, rt.orchestrator.drafter
-    assert drafter is not None
+    assert drafter is not None and rt.draft is not None
+    if args.draft_precision:
+        from dflash_robot.runtime.proposer import DFlashProposer
+
+        drafter = DFlashProposer(rt.draft, tgt.input_embedding_weight(), tgt.output_head(),
+                                 precision=args.draft_precision)
     chain = ChainStrategy(drafter, tgt.vocab_size)
     taps = drafter.metadata.target_layer_ids
     greedy, gen = SamplingConfig(temperature=0.0), torch.Generator()
@@ -54,7 +61,7 @@ def main() -> None:
     block_sizes = [int(x) for x in args.block_sizes.split(",")]
     print(f"target: {rt.info.get('target')} (engine {type(tgt).__name__}, precision {rt.info.get('precision')}, "
           f"kernels {rt.info.get('kernels')}); draft: {args.draft} ({len(rt.draft.layers) if rt.draft else 0} "
-          f"layers, {drafter.__class__.__name__} {getattr(getattr(drafter, '_lean', None), 'precision', 'module')}); "
+          f"layers, lean forward {getattr(getattr(drafter, '_lean', None), 'precision', 'none: the module')}); "
           f"context {args.context}, {args.threads} threads, median of {args.iters} (after 5 untimed)")
     for q in block_sizes:
         times: dict[str, list[float]] = {}

@@ -337,12 +337,13 @@ def _draft_forward(rt: DFlashRuntime) -> str:
 def draft_precision(target_precision: str, draft: DFlashDraft | None = None) -> str:
     """The draft's weights for a target at `target_precision` (`drafts/lean.py`): quantized targets
     get an int4 draft (groups of 32; its head's rows stay bf16), or int8 (per channel) when one of
-    `draft`'s products has an input width that is not a multiple of 32. Measured 2026-12-02 on the 2-core
-    Xeon box, in place between the target's verifies, the shipped draft's block-4 proposal took
-    3.06 ms in int8 and 2.05 ms in int4 (the 5-layer draft: 4.23 and 3.24 ms), and side by side on
-    10 HumanEval + 10 GSM8K prompts τ stayed within 0.025 either way while DFlash ran 3-6% faster
-    at block 4 (docs/BENCHMARKS.md, session 15). Session 6 (2026-11-30, the AMD box) had int8 at
-    1.1 ms and int4 at 1.0 ms with the same τ to two decimals, and kept int8 as the smaller change."""
+    `draft`'s products has an input width that is not a multiple of 32. Measured 2026-12-02 on the
+    2-core Xeon box (docs/BENCHMARKS.md, session 15): in place between the target's verifies
+    (`scripts/profile_iteration.py --draft-precision`), a block-4 proposal took 3.00 ms in int8 and
+    2.59 ms in int4 for the shipped draft, 4.24 and 3.41 ms for a 5-layer one; side by side on 10
+    HumanEval + 10 GSM8K prompts (`scripts/compare_drafts.py`) τ stayed within 0.025 either way and
+    DFlash ran 3-7% faster at block 4. Session 6 (2026-11-30, an AMD box) had 1.1 ms against 1.0 ms
+    with the same τ to two decimals, and kept int8 as the smaller change."""
     if target_precision in ("fp32", "bf16"):
         return target_precision
     if draft is not None and any(m.in_features % INT4_GROUP for m in draft.modules() if isinstance(m, nn.Linear)):
