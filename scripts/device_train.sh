@@ -14,7 +14,7 @@
 #   run(command="bash scripts/device_train.sh train", carry=[".device/b", ".device/whl"], timeout_s=600)
 # The trained draft comes back under $OUT/draft (config.json + model.safetensors, bf16, ~39 MB)
 # with train_log.jsonl; compare it with the shipped draft (scripts/compare_drafts.py) before it
-# replaces dflash_robot/drafts/smollm2-135m-instruct/ or experiments/smollm2-5layer/.
+# replaces dflash_robot/drafts/smollm2-135m-instruct/ (since session 15 the 5-layer lineage itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=/root/dflash-stage
@@ -51,7 +51,7 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   timeout 240 python3 -m dflash_robot.cli data --target "$G" --device cuda --dtype bfloat16 --out runs/gpu/data \
       --shards $((have + 1000)) --batch-size 256 --max-new-tokens 256 || echo "data stopped by the time limit"
   timeout 300 python3 -m dflash_robot.cli train --target "$G" --device cuda --data runs/gpu/data --out runs/gpu \
-      --init draft:experiments/smollm2-5layer --layers 5 --draft-vocab 8192 --steps 3000 --batch-size 32 \
+      --init draft:dflash_robot/drafts/smollm2-135m-instruct --layers 5 --draft-vocab 8192 --steps 3000 --batch-size 32 \
       --lr 3e-4 --warmup-steps 100 --blocks-per-seq 64 --save-every 200 --eval-every 500 \
       || echo "training stopped by the time limit"
   mkdir -p "$OUT/draft" && cp runs/gpu/draft/* "$OUT/draft/" && cp runs/gpu/train_log.jsonl "$OUT/"
