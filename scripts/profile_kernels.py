@@ -1,7 +1,8 @@
 """Where one lean-engine step goes with the fused kernels: each kernel and product timed alone at
-SmolLM2-135M's shapes, against the whole step, at q = 1 and 4 (context 256, precision gguf).
+SmolLM2-135M's shapes, against the whole step, at q = 1 and 4 or `--block-sizes` (context 256,
+precision gguf).
 
-Usage: python scripts/profile_kernels.py [--threads 2] [--context 256]
+Usage: python scripts/profile_kernels.py [--threads 2] [--context 256] [--block-sizes 1,4,16]
 
 docs/ARCHITECTURE.md ("The lean engine") quotes its output. "python + dispatch" is the step minus
 the sum of the parts: the per-call cost of ~9 Python-level calls per layer.
@@ -35,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--block-sizes", default="1,4", help="verify widths q to time (comma-separated)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = default_target_path()
@@ -46,7 +48,7 @@ def main() -> None:
     eng.prefill(torch.randint(100, 40000, (args.context,)), taps, 512)
     layer, n = eng.layers[0], eng.num_layers
     hdim, eps = eng.hidden_size, eng.eps
-    for q in (1, 4):
+    for q in (int(b) for b in args.block_sizes.split(",")):
         snap = eng.snapshot()
 
         def step(q=q, snap=snap):

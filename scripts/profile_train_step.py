@@ -3,6 +3,7 @@ memory and its minor page faults, every `--every` steps.
 
 Usage: python scripts/profile_train_step.py [--shards 400-570] [--steps 80] [--shape-quantum 64]
                                             [--draft experiments/smollm2-5layer] [--threads 2]
+                                            [--torch-profile N]
 
 The trainer of `dflash-robot train` (bf16 autocast, batch 4, 32 blocks a sequence, lr 1e-4) on the
 default target, continuing `--draft`, on the committed data's cached features for `--shards`.
@@ -45,6 +46,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=20)
     ap.add_argument("--shape-quantum", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--torch-profile", type=int, default=0, metavar="N",
+                    help="after --steps, profile N more steps with torch.profiler and print where their time went")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     src = load_draft(args.draft)  # its depth and taps: the run continues it unchanged
@@ -72,6 +75,14 @@ def main() -> None:
                   f"anonymous memory {anonymous_mb()} MB, minor faults so far "
                   f"{resource.getrusage(resource.RUSAGE_SELF).ru_minflt}", flush=True)
             times = []
+    if args.torch_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for step in range(args.steps, args.steps + args.torch_profile):
+                batch = [samples[i] for i in R.batch_indices(step, len(samples), 4, 0, 0, 1)]
+                trainer.train_step([(s[0], s[1]) for s in batch], keys=[s[2] for s in batch])
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 if __name__ == "__main__":

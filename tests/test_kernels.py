@@ -3,6 +3,7 @@ forward as the engine's torch path to float rounding, and row-invariant bit for 
 token equals the token decoded alone, in chains and in trees), which DFlash's losslessness needs."""
 
 import os
+import platform
 import shutil
 
 import pytest
@@ -175,6 +176,25 @@ def test_elementwise_kernels_against_torch():
     gu = torch.randn(3, 80, generator=g) * 8
     gate, up = gu.chunk(2, dim=-1)
     _close(ops.silu_mul(gu, False), torch.nn.functional.silu(gate) * up, 1e-6)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64", "i686"),
+                    reason="the flush-to-zero guard is x86's MXCSR")
+def test_kernels_flush_denormals_inside_and_leave_the_callers_mode_alone():
+    """Inside a kernel, results below FLT_MIN are 0 (flush-to-zero: on Intel cores every denormal
+    costs a microcode assist, which made SiLU 9x slower); after it, torch's own ops in the calling
+    thread still see and produce denormals (the guard restores the caller's MXCSR)."""
+    tiny = torch.tensor([1e-39])
+    assert float(tiny[0]) != 0.0  # a denormal, stored as one
+    gu = torch.tensor([[-10.0, 1e-35]])  # silu(-10) * 1e-35 ~ -4.5e-39: a denormal in IEEE arithmetic
+    assert float(torch.nn.functional.silu(gu[:, :1]) * gu[:, 1:]) != 0.0
+    assert float(ops.silu_mul(gu, False)[0, 0]) == 0.0
+    for _ in range(2):  # after a kernel call (and one that ran pool threads), IEEE denormals again
+        assert float((tiny * 1.0)[0]) != 0.0 and float((tiny / 2)[0]) != 0.0
+        qkv = torch.randn(4, 3 * 16)  # one query head, one kv head, d 16, 4 rows
+        kt, vc = torch.zeros(1, 16, 64), torch.zeros(1, 64, 16)
+        cos, sin = torch.ones(8, 16), torch.zeros(8, 16)
+        ops.attention(qkv, kt, vc, cos, sin, 0, 1, None, None, None, None, 1e-6, False)
 
 
 def test_bad_shapes_are_refused_not_read_out_of_bounds():

@@ -9,6 +9,14 @@
 // - buffers come from ATen's allocator (64-byte aligned), so no loop peels differently between calls;
 // - nothing depends on the thread that runs a row.
 // tests/test_kernels.py checks this (verify of T rows == T single steps, bit for bit) on every run.
+//
+// Denormals. Every kernel body runs with flush-to-zero and denormals-are-zero (`NoDenormals`):
+// softmax weights of far-off keys, their products with values, and the lanes a vectorized select
+// computes and then discards (the compiler evaluates `gate / (1 + exp(88))` for every lane of SiLU)
+// fall below FLT_MIN, and on Intel cores each such operation takes a microcode assist of ~100+
+// cycles. On this project's Xeon box that made SiLU 9x and attention ~4x slower than their
+// arithmetic (docs/BENCHMARKS.md, session 16). Values below 1.2e-38 become 0; every row still runs
+// the same instructions, so row invariance holds.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -16,8 +24,26 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 namespace {
+
+// FTZ and DAZ for the calling thread while in scope, the caller's mode restored after (torch's own
+// ops and the Python caller keep IEEE denormals). at::parallel_for bodies run on pool threads: each
+// body takes its own guard.
+struct NoDenormals {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int saved;
+  NoDenormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040u); }  // bit 15 FTZ, bit 6 DAZ
+  ~NoDenormals() { _mm_setcsr(saved); }
+#else
+  NoDenormals() = default;
+#endif
+  NoDenormals(const NoDenormals&) = delete;
+  NoDenormals& operator=(const NoDenormals&) = delete;
+};
 
 constexpr int LANES = 16;
 using bf16_t = uint16_t;  // bfloat16 bits
@@ -286,6 +312,7 @@ void attend_row(const AttnArgs& a, int64_t i, const float* __restrict__ all, con
 
 // x [T, H] fp32 -> w * rms_norm(x), in bf16 (out_bf16) or fp32.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps, bool out_bf16) {
+  NoDenormals no_denormals;
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x: fp32 [T, H] contiguous");
   TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.numel() == x.size(1), "w: fp32 [H]");
@@ -299,6 +326,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 // x += y in place (y fp32 or bf16), then w * rms_norm(x).
 torch::Tensor add_rms_norm(torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& w, double eps,
                            bool out_bf16) {
+  NoDenormals no_denormals;
   TORCH_CHECK(y.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x: fp32 [T, H] contiguous");
   TORCH_CHECK(y.sizes() == x.sizes() && y.is_contiguous(), "y: [T, H] contiguous, as x");
@@ -309,6 +337,7 @@ torch::Tensor add_rms_norm(torch::Tensor& x, const torch::Tensor& y, const torch
 
 // gu [T, 2I] (gate | up) -> silu(gate) * up [T, I], computed in fp32.
 torch::Tensor silu_mul(const torch::Tensor& gu, bool out_bf16) {
+  NoDenormals no_denormals;
   TORCH_CHECK(gu.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "gu: [T, 2I] contiguous");
   const int64_t t = gu.size(0), n = gu.size(1) / 2;
@@ -335,6 +364,7 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
                         const c10::optional<torch::Tensor>& positions, const c10::optional<torch::Tensor>& mask,
                         const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
                         double eps, bool out_bf16) {
+  NoDenormals no_denormals;
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous(), "qkv: [T, (nh + 2 nkv) d] contiguous");
   TORCH_CHECK(kt.dim() == 3 && vc.dim() == 3 && kt.is_contiguous() && vc.is_contiguous() &&
                   kt.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 &&
@@ -387,6 +417,7 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
   const int64_t padded = (end + SLOTS - 1) / SLOTS * SLOTS;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, t * end * d));
   at::parallel_for(0, nh, grain, [&](int64_t hb, int64_t he) {  // one query head, all rows, per task
+    NoDenormals pool_thread_no_denormals;
     auto scratch = torch::empty({t * padded + end + 2 * d}, torch::kFloat32);  // 64-byte aligned
     auto keys = torch::empty({end}, torch::kInt64);
     float* s = scratch.data_ptr<float>();
