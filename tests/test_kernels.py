@@ -267,3 +267,83 @@ def test_attention_rows_are_bit_identical_at_real_head_sizes(d):
                                       None, None, 1e-6, True) for i in range(t)])
     assert torch.equal(batched, single)
     assert torch.equal(kt, kt1) and torch.equal(vc, vc1)
+
+
+AMX = kernels.amx()
+needs_amx = pytest.mark.skipif(AMX is None, reason="this CPU (or OS) has no AMX-BF16; the int4 products stay torch's")
+
+
+def _int4_weight(n, k, seed):
+    from dflash_robot.targets.quant import quantize_int4
+
+    g = torch.Generator().manual_seed(seed)
+    return quantize_int4(torch.randn(n, k, generator=g) * 0.05)
+
+
+def _q4_reference(w4, x):
+    """x [M, K] bf16 times w = (q - 8) * scale + zero, scale and zero rounded to bf16 (as both
+    kernels keep them), in float64."""
+    s = w4.scale.bfloat16().double().repeat_interleave(32, dim=1)
+    z = w4.zero.bfloat16().double().repeat_interleave(32, dim=1)
+    return x.double() @ ((w4.q.double() - 8) * s + z).T
+
+
+@needs_amx
+@pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (960, 576), (576, 1536)])
+def test_amx_int4_product_against_float64(n, k):
+    """The AMX product: each group's bf16 products exact, summed in fp32: within fp32 rounding of
+    the exact product, where torch's int4 kernel (its bf16 output) is within bf16's."""
+    w4 = _int4_weight(n, k, seed=n + k)
+    packed = AMX.q4_pack(w4.q.to(torch.int32).contiguous(), w4.scale.contiguous(), w4.zero.contiguous())
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+    ref = _q4_reference(w4, x)
+    out = AMX.q4_mm(x, packed, False)
+    assert out.dtype == torch.float32 and out.shape == (7, n)
+    assert float((out.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    assert torch.equal(AMX.q4_mm(x, packed, True), out.bfloat16())  # bf16 output: the same, rounded to nearest even
+
+
+@needs_amx
+def test_amx_int4_rows_are_bit_identical_however_many_share_a_call():
+    """Row invariance across the kernel's 16-row tiles: 40 rows at once, in 16 + 16 + 8, equal each
+    row alone and any other split, bit for bit."""
+    w4 = _int4_weight(576, 1536, seed=3)
+    packed = AMX.q4_pack(w4.q.to(torch.int32).contiguous(), w4.scale.contiguous(), w4.zero.contiguous())
+    x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    whole = AMX.q4_mm(x, packed, False)
+    assert torch.equal(torch.cat([AMX.q4_mm(x[i:i + 1].contiguous(), packed, False) for i in range(40)]), whole)
+    assert torch.equal(torch.cat([AMX.q4_mm(x[:5].contiguous(), packed, False),
+                                  AMX.q4_mm(x[5:].contiguous(), packed, False)]), whole)
+
+
+@needs_amx
+def test_int4_linear_uses_the_amx_product_and_agrees_with_torchs(monkeypatch):
+    """`quant.int4_linear` runs on AMX where it can, and torch's int4 kernel with DFLASH_ROBOT_AMX=0
+    (and for widths that are not whole 16-column blocks); the two agree to bf16 rounding."""
+    from dflash_robot.targets.quant import int4_linear
+
+    w4 = _int4_weight(96, 64, seed=5)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
+    packed = AMX.q4_pack(w4.q.to(torch.int32).contiguous(), w4.scale.contiguous(), w4.zero.contiguous())
+    assert torch.equal(int4_linear(w4, None)(x), AMX.q4_mm(x.bfloat16(), packed, False))
+    monkeypatch.setenv("DFLASH_ROBOT_AMX", "0")
+    assert kernels.amx() is None
+    torch_out = int4_linear(w4, None)(x)
+    ref = _q4_reference(w4, x.bfloat16())
+    assert float((torch_out.double() - ref).abs().max()) <= 1e-2 * float(ref.abs().max())
+    assert not torch.equal(torch_out, AMX.q4_mm(x.bfloat16(), packed, False))  # it really is the other kernel
+
+
+@needs_amx
+def test_amx_int4_refuses_bad_inputs():
+    w4 = _int4_weight(32, 64, seed=7)
+    q, s, z = w4.q.to(torch.int32).contiguous(), w4.scale.contiguous(), w4.zero.contiguous()
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        AMX.q4_pack(q[:24].contiguous(), s[:24].contiguous(), z[:24].contiguous())
+    with pytest.raises(RuntimeError, match="0..15"):
+        AMX.q4_pack(q + 8, s, z)
+    packed = AMX.q4_pack(q, s, z)
+    with pytest.raises(RuntimeError, match="bf16"):
+        AMX.q4_mm(torch.randn(2, 64), packed, False)
+    with pytest.raises(RuntimeError, match="K matching"):
+        AMX.q4_mm(torch.randn(2, 96).bfloat16(), packed, False)

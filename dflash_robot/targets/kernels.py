@@ -15,6 +15,11 @@ Built with torch's C++ extension tooling (g++ and ninja) into the cache director
 compiler flags and this CPU's model, so the build runs once (about a minute, announced on stderr)
 and a later start only loads the library. `DFLASH_ROBOT_KERNELS=0` turns them off; without a
 compiler they are unavailable and the engine runs its torch path (`available()` says why).
+
+On a CPU with AMX-BF16 (Intel Sapphire Rapids and later) the library also holds an int4 product
+(`q4_pack`, `q4_mm`) whose cost barely grows with the rows, where torch's int4 kernel pays one FMA
+per weight per row: a 4-token verify then costs little more than one decode step
+(`quant.int4_linear` uses it; `amx()`; `DFLASH_ROBOT_AMX=0` turns it off).
 """
 
 from __future__ import annotations
@@ -87,6 +92,15 @@ def load() -> ModuleType | None:
         _error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         print(f"dflash-robot: fused CPU kernels unavailable ({_error}); using the torch path", file=sys.stderr)
     return _module
+
+
+def amx() -> ModuleType | None:
+    """The kernels module where its AMX int4 product runs here (built with AMX-BF16, tile state
+    granted by the OS, not turned off by `DFLASH_ROBOT_AMX=0`); else None."""
+    if os.environ.get("DFLASH_ROBOT_AMX", "1") in ("0", "false", "no"):
+        return None
+    mod = load()
+    return mod if mod is not None and mod.amx_available() else None
 
 
 def unavailable_reason() -> str | None:

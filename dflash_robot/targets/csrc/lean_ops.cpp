@@ -27,6 +27,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
+// The int4 product on AMX: built where -march=native turns on AMX-BF16 (Sapphire Rapids and later),
+// used where the kernel also grants the process its tile state (Linux 5.16+).
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define DFLASH_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -438,9 +446,191 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
   return out;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// int4 x bf16 products on AMX (`q4_pack`, `q4_mm`)
+//
+// w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g], q in 0..15, groups g of 32 along K (the form of
+// `quant.Int4Weight`, and of torch's int4 kernel). For row m of x (bf16):
+//   y[m, n] = sum over g, in order, of  zero[n, g] * sx[m, g]  +  scale[n, g] * C_g[m, n]
+// with sx[m, g] the group's sum of x (fp32, 16 lanes then a fixed tree) and C_g = x_g (q_g - 8) one
+// AMX tile product (bf16 products are exact in fp32; q - 8 is exact in bf16). Each output row is
+// computed from its own x row only, by the same instructions however many rows share the call (the
+// tile rows are independent, and a call of more than 16 rows runs 16 at a time), so a verified
+// token equals the token decoded alone, as the lean engine needs. Unlike torch's int4 kernel
+// (`_weight_int4pack_mm_for_cpu`, one FMA per weight per row) the cost hardly grows with the rows:
+// 16 rows cost ~2x one (docs/BENCHMARKS.md, session 16).
+//
+// Packed layout, per block of 16 output columns b and group g: 256 bytes of nibbles, byte
+// r * 32 + 2c + e (r < 8, column c, e in {0, 1}) holding q[c, 32g + 2r + e] (low) and
+// q[c, 32g + 2(r + 8) + e] (high), so that unpacking gives the B tile's rows (pairs of k, VNNI order)
+// directly; then scale and zero as bf16 [16] each (the precision torch's kernel keeps them in).
+constexpr int64_t Q4_BLOCK = 16 * 32 / 2 + 2 * 16 * 2;  // nibbles, then scale and zero in bf16: 320 bytes
+
+#if DFLASH_AMX
+namespace {
+
+struct __attribute__((packed)) TileConfig {
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool amx_granted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
+constexpr int Q4_BATCH = 8;                          // groups whose B tiles are unpacked at once (8 KB)
+
+inline __m512 bf16x16_to_f32(const bf16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// one tile product of group (gb + J): A rows of x, the unpacked B tile J, into C (rotating tiles, so
+// consecutive groups do not wait on each other), stored for the FMAs
+#define DFLASH_Q4_STEP(J, TA, TB, TC)                           \
+  if ((J) < nbatch) {                                           \
+    _tile_loadd(TA, xrow + (gb + (J)) * 32, k * 2);             \
+    _tile_loadd(TB, bbuf + (J) * 512, 64);                      \
+    _tile_zero(TC);                                             \
+    _tile_dpbf16ps(TC, TA, TB);                                 \
+    _tile_stored(TC, cbuf + (J) * 256, 64);                     \
+  }
+
+}  // namespace
+#endif
+
+bool amx_available() {
+#if DFLASH_AMX
+  return amx_granted();
+#else
+  return false;
+#endif
+}
+
+// q int32 [N, K] in 0..15, scale and zero fp32 [N, K / 32] -> packed uint8 [N / 16, K / 32, 320]
+torch::Tensor q4_pack(const torch::Tensor& q, const torch::Tensor& scale, const torch::Tensor& zero) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt32 && q.is_contiguous(), "q: int32 [N, K] contiguous");
+  const int64_t n = q.size(0), k = q.size(1);
+  TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && n > 0 && k > 0, "q4_pack: N a multiple of 16, K of 32");
+  const int64_t g = k / 32, nb = n / 16;
+  for (const auto* t : {&scale, &zero})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() && t->dim() == 2 && t->size(0) == n &&
+                    t->size(1) == g, "scale, zero: fp32 [N, K / 32] contiguous");
+  auto packed = torch::empty({nb, g, Q4_BLOCK}, torch::kUInt8);
+  const int32_t* qp = q.data_ptr<int32_t>();
+  const float* sp = scale.data_ptr<float>();
+  const float* zp = zero.data_ptr<float>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n * k; ++i) TORCH_CHECK(qp[i] >= 0 && qp[i] <= 15, "q: values 0..15");
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t gi = 0; gi < g; ++gi) {
+        uint8_t* dst = out + (b * g + gi) * Q4_BLOCK;
+        for (int r = 0; r < 8; ++r)
+          for (int j = 0; j < 32; ++j) {
+            const int64_t row = (b * 16 + j / 2) * k + gi * 32 + (j % 2);
+            dst[r * 32 + j] = static_cast<uint8_t>(qp[row + 2 * r] | (qp[row + 2 * (r + 8)] << 4));
+          }
+        bf16_t* sz = reinterpret_cast<bf16_t*>(dst + 256);
+        for (int c = 0; c < 16; ++c) {
+          st(sz, c, sp[(b * 16 + c) * g + gi]);
+          st(sz, 16 + c, zp[(b * 16 + c) * g + gi]);
+        }
+      }
+  });
+  return packed;
+}
+
+// x [M, K] bf16, packed from q4_pack -> x w^T [M, N] in bf16 (out_bf16) or fp32
+torch::Tensor q4_mm(const torch::Tensor& x, const torch::Tensor& packed, bool out_bf16) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "lean kernels run on the CPU");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(), "x: bf16 [M, K] contiguous");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+                  packed.size(2) == Q4_BLOCK && packed.size(1) * 32 == x.size(1),
+              "packed: uint8 [N / 16, K / 32, ", Q4_BLOCK, "] from q4_pack, K matching x");
+#if DFLASH_AMX
+  TORCH_CHECK(amx_granted(), "q4_mm: the OS did not grant this process AMX tile state");
+  NoDenormals no_denormals;
+  const int64_t m_all = x.size(0), k = x.size(1), nb = packed.size(0), g = packed.size(1), n = nb * 16;
+  auto y = new_rows(x, m_all, n, out_bf16);
+  auto sums = torch::empty({std::max<int64_t>(1, m_all * g)}, torch::kFloat32);
+  const bf16_t* xp = cptr<bf16_t>(x);
+  float* sxp = sums.data_ptr<float>();
+  for (int64_t i = 0; i < m_all * g; ++i)  // each group's sum of x: 16 lanes, then one fixed reduction
+    sxp[i] = _mm512_reduce_add_ps(_mm512_add_ps(bf16x16_to_f32(xp + i * 32), bf16x16_to_f32(xp + i * 32 + 16)));
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    NoDenormals pool_thread_no_denormals;
+    alignas(64) bf16_t bbuf[Q4_BATCH * 512];
+    alignas(64) float cbuf[Q4_BATCH * 256];
+    alignas(64) float acc[16 * 16];
+    alignas(64) bf16_t lut[32];  // bf16 of q - 8 for q = 0..15 (twice: vpermw reads 32 lanes)
+    for (int i = 0; i < 32; ++i) st(lut, i, static_cast<float>((i & 15) - 8));
+    const __m512i table = _mm512_load_si512(lut);
+    const __m512i low4 = _mm512_set1_epi16(0x000F);
+    for (int64_t m0 = 0; m0 < m_all; m0 += 16) {
+      const int mr = static_cast<int>(std::min<int64_t>(16, m_all - m0));
+      const bf16_t* xrow = xp + m0 * k;
+      TileConfig cfg{};
+      cfg.palette = 1;
+      for (int t = 0; t < 6; ++t) { cfg.rows[t] = mr; cfg.colsb[t] = 64; }  // C 0-3 (fp32 [mr, 16]), A 4-5
+      for (int t = 6; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // B 6-7: 16 pairs of k x 16 columns
+      _tile_loadconfig(&cfg);
+      for (int64_t b = b0; b < b1; ++b) {
+        for (int i = 0; i < mr * 16; ++i) acc[i] = 0.0f;
+        for (int64_t gb = 0; gb < g; gb += Q4_BATCH) {
+          const int nbatch = static_cast<int>(std::min<int64_t>(Q4_BATCH, g - gb));
+          for (int j = 0; j < nbatch; ++j) {  // unpack the batch's B tiles: nibbles -> bf16 (q - 8)
+            const uint8_t* src = pp + (b * g + gb + j) * Q4_BLOCK;
+            if (b + 1 < b1)  // the same group of the next block, one block (g * 320 bytes) ahead
+              for (int l = 0; l < Q4_BLOCK; l += 64) _mm_prefetch(reinterpret_cast<const char*>(src + g * Q4_BLOCK + l), _MM_HINT_T0);
+            bf16_t* bt = bbuf + j * 512;
+            for (int r = 0; r < 8; ++r) {
+              const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32)));
+              _mm512_store_si512(bt + r * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, low4), table));
+              _mm512_store_si512(bt + (r + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table));
+            }
+          }
+          DFLASH_Q4_STEP(0, 4, 6, 0) DFLASH_Q4_STEP(1, 5, 7, 1) DFLASH_Q4_STEP(2, 4, 6, 2) DFLASH_Q4_STEP(3, 5, 7, 3)
+          DFLASH_Q4_STEP(4, 4, 6, 0) DFLASH_Q4_STEP(5, 5, 7, 1) DFLASH_Q4_STEP(6, 4, 6, 2) DFLASH_Q4_STEP(7, 5, 7, 3)
+          for (int j = 0; j < nbatch; ++j) {
+            const bf16_t* sz = reinterpret_cast<const bf16_t*>(pp + (b * g + gb + j) * Q4_BLOCK + 256);
+            const __m512 sc = bf16x16_to_f32(sz), zr = bf16x16_to_f32(sz + 16);
+            for (int m = 0; m < mr; ++m) {
+              __m512 a = _mm512_load_ps(acc + m * 16);
+              a = _mm512_fmadd_ps(zr, _mm512_set1_ps(sxp[(m0 + m) * g + gb + j]), a);
+              a = _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16), a);
+              _mm512_store_ps(acc + m * 16, a);
+            }
+          }
+        }
+        for (int m = 0; m < mr; ++m) {
+          if (out_bf16)  // round to nearest even, as `st` and torch's .to(bfloat16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(mptr<bf16_t>(y) + (m0 + m) * n + b * 16),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(acc + m * 16)));
+          else std::memcpy(mptr<float>(y) + (m0 + m) * n + b * 16, acc + m * 16, 16 * sizeof(float));
+        }
+      }
+    }
+    _tile_release();
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "q4_mm: these kernels were built without AMX (this CPU or compiler lacks AMX-BF16)");
+  return x;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "w * rms_norm(x)");
   m.def("add_rms_norm", &add_rms_norm, "x += y in place, then w * rms_norm(x)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("attention", &attention, "q/k norm, RoPE, cache write and attention of one layer");
+  m.def("amx_available", &amx_available, "built with AMX-BF16 and granted tile state by the OS");
+  m.def("q4_pack", &q4_pack, "int4 weight (q, scale, zero) -> the AMX product's packed layout");
+  m.def("q4_mm", &q4_mm, "x [M, K] bf16 times a packed int4 weight, on AMX");
 }
