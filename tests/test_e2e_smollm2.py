@@ -80,6 +80,13 @@ def test_gguf_blocks_equal_transformers_dequantized_weights(rt_gguf):
     for name, w in [("attn_q", layer.self_attn.q_proj.weight), ("attn_k", layer.self_attn.k_proj.weight),
                     ("ffn_down", layer.mlp.down_proj.weight)]:
         assert torch.equal(g.int4(f"blk.7.{name}.weight", w.shape).dequantize(), w)
+    head = rt_gguf.target.model.get_output_embeddings().weight  # tied to token_embd, a Q8_0 tensor
+    w8 = g.head(head)
+    assert w8 is not None and torch.equal(w8.dequantize(), head)
+    assert g.head(head.flip(0)) is None  # blocks that are not the model's head are not taken for it
+    from dflash_robot.targets import kernels
+
+    assert rt_gguf.target.head_kind == ("q8_0" if kernels.amx() is not None else "bf16")
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, "Natalia sold clips to 48 of her friends in April, and then she sold "
@@ -133,6 +140,8 @@ def test_gguf_int4_cache_skips_parsing_and_survives_damage(tmp_path, monkeypatch
     for name in ("blk.0.attn_q.weight", "blk.29.ffn_down.weight"):
         a, b = first._int4[name], second._int4[name]
         assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale) and torch.equal(a.zero, b.zero)
+    a8, b8 = first._q8["token_embd.weight"], second._q8["token_embd.weight"]
+    assert torch.equal(a8.q, b8.q) and torch.equal(a8.scale, b8.scale)
     monkeypatch.undo()
     monkeypatch.setenv("DFLASH_ROBOT_CACHE", str(tmp_path))
     cache.write_bytes(b"\x00" * 64)  # damaged

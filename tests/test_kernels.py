@@ -347,3 +347,27 @@ def test_amx_int4_refuses_bad_inputs():
         AMX.q4_mm(torch.randn(2, 64), packed, False)
     with pytest.raises(RuntimeError, match="K matching"):
         AMX.q4_mm(torch.randn(2, 96).bfloat16(), packed, False)
+
+
+@needs_amx
+def test_amx_int8_product_exact_and_row_invariant():
+    """`q8_mm` (the GGUF's Q8_0 head on AMX): int8 q times fp32 group scales, within fp32 rounding of
+    the float64 product, bf16 output the fp32 one rounded, and row-invariant across 16-row tiles."""
+    from dflash_robot.targets.quant import Int8GroupWeight, q8_linear
+
+    g = torch.Generator().manual_seed(8)
+    q = torch.randint(-127, 128, (96, 160), generator=g, dtype=torch.int8)
+    scale = (torch.rand(96, 5, generator=g) * 1e-2).half().float()  # Q8_0's fp16 scales
+    w8 = Int8GroupWeight(q, scale)
+    packed = AMX.q8_pack(q, scale)
+    x = torch.randn(35, 160, generator=g).bfloat16()
+    ref = x.double() @ w8.dequantize().double().T
+    out = AMX.q8_mm(x, packed, False)
+    assert float((out.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    assert torch.equal(AMX.q8_mm(x, packed, True), out.bfloat16())
+    assert torch.equal(torch.cat([AMX.q8_mm(x[i:i + 1].contiguous(), packed, False) for i in range(35)]), out)
+    assert torch.equal(q8_linear(w8, None)(x.float()), out)
+    with pytest.raises(RuntimeError, match="int8"):
+        AMX.q8_pack(q.int(), scale)
+    with pytest.raises(RuntimeError, match="q8_pack"):
+        AMX.q8_mm(x, AMX.q4_pack(torch.zeros(96, 160, dtype=torch.int32), scale, scale), False)

@@ -24,6 +24,15 @@ def test_gguf_blocks_decode_like_the_gguf_library(qtype):
     assert quant.gguf_int4(raw, "Q8_0", 48, 96) is None
 
 
+def test_q8_0_blocks_decode_like_the_gguf_library():
+    w = np.random.default_rng(1).standard_normal((48, 96)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType.Q8_0)
+    w8 = quant.gguf_q8_0(raw, "Q8_0", 48, 96)
+    np.testing.assert_array_equal(w8.dequantize().numpy(), dequantize(raw, GGMLQuantizationType.Q8_0))
+    np.testing.assert_array_equal(w8.dequantize(slice(3, 5)).numpy(), w8.dequantize()[3:5].numpy())
+    assert quant.gguf_q8_0(raw, "Q4_1", 48, 96) is None
+
+
 def test_unpermute_matches_transformers():
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 

@@ -16,7 +16,15 @@ from pathlib import Path
 import torch
 
 from dflash_robot.errors import UnsupportedModelError
-from dflash_robot.targets.quant import Int4Weight, bf16_linear, gguf_int4, int4_linear, unpermute_rows
+from dflash_robot.targets.quant import (
+    Int4Weight,
+    Int8GroupWeight,
+    bf16_linear,
+    gguf_int4,
+    gguf_q8_0,
+    int4_linear,
+    unpermute_rows,
+)
 
 PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
          "down": ("ffn_down",)}
@@ -36,7 +44,7 @@ class GGUFLayerWeights:
         self.path = str(path)
         self.n_heads, self.n_kv = n_heads, n_kv
         self.kinds: dict[str, int] = {}  # "int4" / "bf16" -> products built (for logs and tests)
-        self.types, self._int4, heads = _load_int4(Path(path), cache)
+        self.types, self._int4, heads, self._q8 = _load_int4(Path(path), cache)
         if heads is not None and heads != (n_heads, n_kv):
             raise UnsupportedModelError(f"{path}: the GGUF has {heads[0]}/{heads[1]} attention/KV heads, the "
                                         f"model {n_heads}/{n_kv}")
@@ -52,6 +60,17 @@ class GGUFLayerWeights:
                                         f"{tuple(shape)}")
         return w
 
+    def head(self, hf_weight: torch.Tensor) -> Int8GroupWeight | None:
+        """The output head's own Q8_0 blocks: `output.weight`, or `token_embd.weight` for a model
+        whose head is tied to its embeddings; only when they are what transformers dequantized into
+        the model's head (`hf_weight`, compared on its first rows). Else None."""
+        for name in ("output.weight", "token_embd.weight"):
+            w = self._q8.get(name)
+            if w is not None and tuple(w.q.shape) == tuple(hf_weight.shape):
+                if torch.equal(w.dequantize(slice(0, 8)), hf_weight[:8].float()):
+                    return w
+        return None
+
     def build(self, index: int, part: str, hf_weights: list[torch.Tensor], bias: torch.Tensor | None,
               native: bool = False) -> Callable:
         """One fused product of layer `index` (`native`: as `quant.int4_linear`)."""
@@ -64,7 +83,7 @@ class GGUFLayerWeights:
         return bf16_linear(torch.cat([w.detach() for w in hf_weights]), bias)
 
 
-CACHE_VERSION = "2"  # bump when the cached form changes: older caches are then rebuilt
+CACHE_VERSION = "3"  # bump when the cached form changes: older caches are then rebuilt
 
 
 def int4_cache_path(path: Path) -> Path:
@@ -96,7 +115,10 @@ def _reader(path: Path):  # noqa: ANN202 - gguf.GGUFReader
 Heads = tuple[int, int] | None  # (attention heads, KV heads) read from a llama GGUF, else None
 
 
-def _read_cache(file: Path, types_only: bool = False) -> tuple[dict[str, str], dict[str, Int4Weight], Heads] | None:
+Loaded = tuple[dict[str, str], dict[str, Int4Weight], Heads, dict[str, Int8GroupWeight]]
+
+
+def _read_cache(file: Path, types_only: bool = False) -> Loaded | None:
     if not file.is_file():
         return None
     import json
@@ -112,12 +134,14 @@ def _read_cache(file: Path, types_only: bool = False) -> tuple[dict[str, str], d
             heads = json.loads(meta["heads"])
             heads = None if heads is None else (int(heads[0]), int(heads[1]))
             if types_only:
-                return types, {}, heads
+                return types, {}, heads, {}
             out = {}
             for name in json.loads(meta["int4"]):
                 q = f.get_tensor(name + ".q").to(torch.int32)
                 out[name] = Int4Weight(q, f.get_tensor(name + ".scale"), f.get_tensor(name + ".zero"))
-            return types, out, heads
+            q8 = {name: Int8GroupWeight(f.get_tensor(name + ".q8"), f.get_tensor(name + ".d"))
+                  for name in json.loads(meta["q8"])}
+            return types, out, heads, q8
     except Exception as e:  # noqa: BLE001 - a damaged cache only costs a rebuild
         import logging
 
@@ -130,7 +154,7 @@ def _field(reader, key: str):  # noqa: ANN001, ANN202 - gguf.GGUFReader, a scala
     return None if f is None else f.contents()
 
 
-def _load_int4(path: Path, cache: bool) -> tuple[dict[str, str], dict[str, Int4Weight], Heads]:
+def _load_int4(path: Path, cache: bool) -> Loaded:
     file = int4_cache_path(path) if cache else None
     if file is not None:
         hit = _read_cache(file)
@@ -146,7 +170,14 @@ def _load_int4(path: Path, cache: bool) -> tuple[dict[str, str], dict[str, Int4W
         h, kv = _field(reader, "llama.attention.head_count"), _field(reader, "llama.attention.head_count_kv")
         heads = (int(h), int(kv if kv is not None else h))
     int4: dict[str, Int4Weight] = {}
+    q8: dict[str, Int8GroupWeight] = {}
     for t in reader.tensors:
+        if t.name in ("output.weight", "token_embd.weight") and len(t.shape) == 2:  # the head's own blocks
+            k, n = (int(x) for x in t.shape)
+            w8 = gguf_q8_0(t.data, t.tensor_type.name, n, k)
+            if w8 is not None:
+                q8[t.name] = w8
+            continue
         if not t.name.startswith("blk.") or len(t.shape) != 2:
             continue
         k, n = (int(x) for x in t.shape)  # ggml lists dims innermost first
@@ -159,11 +190,12 @@ def _load_int4(path: Path, cache: bool) -> tuple[dict[str, str], dict[str, Int4W
             w = unpermute_rows(w, heads[1])
         int4[t.name] = w
     if file is not None:
-        _write_cache(file, types, int4, heads)
-    return types, int4, heads
+        _write_cache(file, types, int4, heads, q8)
+    return types, int4, heads, q8
 
 
-def _write_cache(file: Path, types: dict[str, str], int4: dict[str, Int4Weight], heads: Heads) -> None:
+def _write_cache(file: Path, types: dict[str, str], int4: dict[str, Int4Weight], heads: Heads,
+                 q8: dict[str, Int8GroupWeight]) -> None:
     import json
     import os
 
@@ -174,11 +206,15 @@ def _write_cache(file: Path, types: dict[str, str], int4: dict[str, Int4Weight],
         tensors[name + ".q"] = w.q.to(torch.uint8).contiguous()  # 0..15
         tensors[name + ".scale"] = w.scale.contiguous()
         tensors[name + ".zero"] = w.zero.contiguous()
+    for name, w8 in q8.items():
+        tensors[name + ".q8"] = w8.q.contiguous()
+        tensors[name + ".d"] = w8.scale.contiguous()
     tmp = file.with_name(file.name + f".tmp{os.getpid()}")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(tmp), metadata={"version": CACHE_VERSION, "types": json.dumps(types),
-                                               "int4": json.dumps(sorted(int4)), "heads": json.dumps(heads)})
+                                               "int4": json.dumps(sorted(int4)), "heads": json.dumps(heads),
+                                               "q8": json.dumps(sorted(q8))})
         tmp.replace(file)
     except OSError as e:  # a read-only cache only costs the next start
         import logging

@@ -157,7 +157,7 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         reason = unsupported_reason(model)
         if reason is not None:
             raise UnsupportedModelError(f"lean engine cannot run {type(model).__name__}: {reason}")
-        from dflash_robot.targets.quant import check_precision, make_linear
+        from dflash_robot.targets.quant import check_precision, make_linear, q8_linear
 
         self.precision = check_precision(precision)
         if precision != "fp32" and model.get_input_embeddings().weight.dtype != torch.float32:
@@ -182,13 +182,18 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         from dflash_robot.targets import kernels as fused
 
         self._ops = fused.for_engine(self.device, self.dtype) if kernels else None
-        build = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None)
+        build, gguf = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None)
         self.layers = [_Layer(i, layer, build) for i, layer in enumerate(inner.layers)]
         self.final_norm = inner.norm.weight.detach()
         head = model.get_output_embeddings()
-        head_precision = {"fp32": "fp32", "int8": "int8"}.get(precision, "bf16")  # int4 heads lose top-1 agreement
-        self._head_module = _HeadModule(head.weight.detach(), None if head.bias is None else head.bias.detach(),
-                                        lambda w, b: make_linear(w, b, head_precision))
+        head_w, head_b = head.weight.detach(), None if head.bias is None else head.bias.detach()
+        # "gguf": the file's own Q8_0 head where AMX multiplies it (half the bytes of bf16, exact
+        # weights); else bf16 below fp32 (int4 heads lose top-1 agreement)
+        w8 = gguf.head(head_w) if gguf is not None else None
+        q8 = q8_linear(w8, head_b) if w8 is not None else None
+        self.head_kind = "q8_0" if q8 is not None else {"fp32": "fp32", "int8": "int8"}.get(precision, "bf16")
+        self._head_module = _HeadModule(head_w, head_b, (lambda w, b: q8) if q8 is not None else
+                                        (lambda w, b: make_linear(w, b, self.head_kind)))
         rot = inner.rotary_emb
         self._inv_freq = rot.inv_freq.detach().to(torch.float32)
         self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
@@ -381,19 +386,19 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
 
 
 def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int,
-                   native: bool = False) -> Callable[..., Callable]:
-    """-> build(index, part, hf_weights, bias): one fused product at `precision` (`native`: outputs
-    in the kernel's dtype, for the fused kernels)."""
+                   native: bool = False) -> tuple[Callable[..., Callable], Any]:
+    """-> (build(index, part, hf_weights, bias): one fused product at `precision` (`native`: outputs
+    in the kernel's dtype, for the fused kernels), the `GGUFLayerWeights` for "gguf" else None)."""
     from dflash_robot.targets.quant import make_linear
 
     if precision != "gguf":
-        return lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision, native)
+        return (lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision, native)), None
     if gguf_file is None:
         raise UnsupportedModelError("precision 'gguf' needs the target to be loaded from a GGUF file")
     from dflash_robot.targets.gguf_weights import GGUFLayerWeights
 
     weights = GGUFLayerWeights(gguf_file, n_heads, n_kv)
-    return lambda i, part, ws, b: weights.build(i, part, ws, b, native)
+    return (lambda i, part, ws, b: weights.build(i, part, ws, b, native)), weights
 
 
 class _HeadModule(nn.Module):

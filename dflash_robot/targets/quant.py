@@ -165,6 +165,34 @@ def int4_linear(w4: Int4Weight, bias: torch.Tensor | None, native: bool = False)
                                                                       sz).float(), b)
 
 
+@dataclass(frozen=True)
+class Int8GroupWeight:
+    """q int8 [N, K], scale fp32 [N, K / GROUP]: w = q * scale (GGUF's Q8_0)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self, rows: slice | None = None) -> torch.Tensor:
+        q, s = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
+        return q.float() * s.repeat_interleave(GROUP, dim=1)
+
+
+def q8_linear(w8: Int8GroupWeight, bias: torch.Tensor | None, native: bool = False) -> Linear | None:
+    """The fused kernels' `q8_mm` on AMX: x (rounded to bf16, as the bf16 head rounds it) times the
+    exact int8 weight, each group's products exact, summed in fp32, then scaled; its cost barely
+    grows with the rows. None where AMX is not available here (`kernels.amx()`) or the shape is not
+    whole 16-column blocks and 32-wide groups."""
+    from dflash_robot.targets import kernels
+
+    n, k = w8.q.shape
+    ops = kernels.amx() if n % 16 == 0 and k % GROUP == 0 else None
+    if ops is None:
+        return None
+    packed = ops.q8_pack(w8.q.contiguous(), w8.scale.float().contiguous())
+    b = None if bias is None else bias.float()
+    return lambda x: _bias(ops.q8_mm(x.to(torch.bfloat16).contiguous(), packed, native), b)
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, native: bool = False) -> Linear:
     """A product with `weight` [N, K] at `precision` ("gguf" layers are built by `GGUFLayerWeights`).
     Its output is fp32, or with `native` the kernel's own dtype (bf16 for int8 and int4)."""
@@ -196,6 +224,17 @@ def gguf_int4(raw: np.ndarray, qtype: str, n: int, k: int) -> Int4Weight | None:
     scale = torch.from_numpy(d)
     zero = torch.zeros_like(scale) if m is None else torch.from_numpy(m) + 8 * scale
     return Int4Weight(torch.from_numpy(q), scale, zero)
+
+
+def gguf_q8_0(raw: np.ndarray, qtype: str, n: int, k: int) -> Int8GroupWeight | None:
+    """A Q8_0 tensor's raw blocks (uint8 [N, K / 32 * 34]: fp16 d, then 32 int8) -> its exact form;
+    None for other types."""
+    if qtype != "Q8_0":
+        return None
+    blocks = np.ascontiguousarray(raw).reshape(n, k // GROUP, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
+    return Int8GroupWeight(torch.from_numpy(q), torch.from_numpy(d))
 
 
 def unpermute_rows(w: Int4Weight, n_head: int) -> Int4Weight:

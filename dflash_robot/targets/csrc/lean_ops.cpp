@@ -448,7 +448,7 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
 
 
 // ---------------------------------------------------------------------------------------------
-// int4 x bf16 products on AMX (`q4_pack`, `q4_mm`)
+// int4 and int8 x bf16 products on AMX (`q4_pack`, `q4_mm`; `q8_pack`, `q8_mm`)
 //
 // w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g], q in 0..15, groups g of 32 along K (the form of
 // `quant.Int4Weight`, and of torch's int4 kernel). For row m of x (bf16):
@@ -465,7 +465,10 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
 // r * 32 + 2c + e (r < 8, column c, e in {0, 1}) holding q[c, 32g + 2r + e] (low) and
 // q[c, 32g + 2(r + 8) + e] (high), so that unpacking gives the B tile's rows (pairs of k, VNNI order)
 // directly; then scale and zero as bf16 [16] each (the precision torch's kernel keeps them in).
+// Q8 (`q8_pack`: GGUF's Q8_0, w = scale * q, q int8) is the same product without the zero term,
+// its B tiles converted from int8 (exact in bf16) and its scales kept in fp32 (Q8_0's fp16 exactly).
 constexpr int64_t Q4_BLOCK = 16 * 32 / 2 + 2 * 16 * 2;  // nibbles, then scale and zero in bf16: 320 bytes
+constexpr int64_t Q8_BLOCK = 16 * 32 + 16 * 4;          // int8 q, then scale in fp32: 576 bytes
 
 #if DFLASH_AMX
 namespace {
@@ -545,23 +548,26 @@ torch::Tensor q4_pack(const torch::Tensor& q, const torch::Tensor& scale, const 
   return packed;
 }
 
-// x [M, K] bf16, packed from q4_pack -> x w^T [M, N] in bf16 (out_bf16) or fp32
-torch::Tensor q4_mm(const torch::Tensor& x, const torch::Tensor& packed, bool out_bf16) {
+// The product for both formats: Q8 (int8 q, w = scale * q, `q8_pack`) or Q4 (above).
+template <bool Q8>
+torch::Tensor quant_mm(const torch::Tensor& x, const torch::Tensor& packed, bool out_bf16) {
+  constexpr int64_t record = Q8 ? Q8_BLOCK : Q4_BLOCK;
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "lean kernels run on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(), "x: bf16 [M, K] contiguous");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
-                  packed.size(2) == Q4_BLOCK && packed.size(1) * 32 == x.size(1),
-              "packed: uint8 [N / 16, K / 32, ", Q4_BLOCK, "] from q4_pack, K matching x");
+                  packed.size(2) == record && packed.size(1) * 32 == x.size(1),
+              "packed: uint8 [N / 16, K / 32, ", record, "] from ", Q8 ? "q8_pack" : "q4_pack", ", K matching x");
 #if DFLASH_AMX
-  TORCH_CHECK(amx_granted(), "q4_mm: the OS did not grant this process AMX tile state");
+  TORCH_CHECK(amx_granted(), "the OS did not grant this process AMX tile state");
   NoDenormals no_denormals;
   const int64_t m_all = x.size(0), k = x.size(1), nb = packed.size(0), g = packed.size(1), n = nb * 16;
   auto y = new_rows(x, m_all, n, out_bf16);
   auto sums = torch::empty({std::max<int64_t>(1, m_all * g)}, torch::kFloat32);
   const bf16_t* xp = cptr<bf16_t>(x);
   float* sxp = sums.data_ptr<float>();
-  for (int64_t i = 0; i < m_all * g; ++i)  // each group's sum of x: 16 lanes, then one fixed reduction
-    sxp[i] = _mm512_reduce_add_ps(_mm512_add_ps(bf16x16_to_f32(xp + i * 32), bf16x16_to_f32(xp + i * 32 + 16)));
+  if (!Q8)
+    for (int64_t i = 0; i < m_all * g; ++i)  // each group's sum of x: 16 lanes, then one fixed reduction
+      sxp[i] = _mm512_reduce_add_ps(_mm512_add_ps(bf16x16_to_f32(xp + i * 32), bf16x16_to_f32(xp + i * 32 + 16)));
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
     NoDenormals pool_thread_no_denormals;
@@ -584,27 +590,44 @@ torch::Tensor q4_mm(const torch::Tensor& x, const torch::Tensor& packed, bool ou
         for (int i = 0; i < mr * 16; ++i) acc[i] = 0.0f;
         for (int64_t gb = 0; gb < g; gb += Q4_BATCH) {
           const int nbatch = static_cast<int>(std::min<int64_t>(Q4_BATCH, g - gb));
-          for (int j = 0; j < nbatch; ++j) {  // unpack the batch's B tiles: nibbles -> bf16 (q - 8)
-            const uint8_t* src = pp + (b * g + gb + j) * Q4_BLOCK;
-            if (b + 1 < b1)  // the same group of the next block, one block (g * 320 bytes) ahead
-              for (int l = 0; l < Q4_BLOCK; l += 64) _mm_prefetch(reinterpret_cast<const char*>(src + g * Q4_BLOCK + l), _MM_HINT_T0);
+          for (int j = 0; j < nbatch; ++j) {  // unpack the batch's B tiles to bf16: q - 8 (Q4) or q (Q8)
+            const uint8_t* src = pp + (b * g + gb + j) * record;
+            if (b + 1 < b1)  // the same group of the next block, one block (g records) ahead
+              for (int l = 0; l < record; l += 64) _mm_prefetch(reinterpret_cast<const char*>(src + g * record + l), _MM_HINT_T0);
             bf16_t* bt = bbuf + j * 512;
-            for (int r = 0; r < 8; ++r) {
-              const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32)));
-              _mm512_store_si512(bt + r * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, low4), table));
-              _mm512_store_si512(bt + (r + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table));
+            if (Q8) {
+              for (int r = 0; r < 16; ++r) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32));
+                const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+                const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+                _mm512_store_si512(bt + r * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // exact: |q| <= 128
+              }
+            } else {
+              for (int r = 0; r < 8; ++r) {
+                const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32)));
+                _mm512_store_si512(bt + r * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, low4), table));
+                _mm512_store_si512(bt + (r + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table));
+              }
             }
           }
           DFLASH_Q4_STEP(0, 4, 6, 0) DFLASH_Q4_STEP(1, 5, 7, 1) DFLASH_Q4_STEP(2, 4, 6, 2) DFLASH_Q4_STEP(3, 5, 7, 3)
           DFLASH_Q4_STEP(4, 4, 6, 0) DFLASH_Q4_STEP(5, 5, 7, 1) DFLASH_Q4_STEP(6, 4, 6, 2) DFLASH_Q4_STEP(7, 5, 7, 3)
           for (int j = 0; j < nbatch; ++j) {
-            const bf16_t* sz = reinterpret_cast<const bf16_t*>(pp + (b * g + gb + j) * Q4_BLOCK + 256);
-            const __m512 sc = bf16x16_to_f32(sz), zr = bf16x16_to_f32(sz + 16);
-            for (int m = 0; m < mr; ++m) {
-              __m512 a = _mm512_load_ps(acc + m * 16);
-              a = _mm512_fmadd_ps(zr, _mm512_set1_ps(sxp[(m0 + m) * g + gb + j]), a);
-              a = _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16), a);
-              _mm512_store_ps(acc + m * 16, a);
+            const uint8_t* rec = pp + (b * g + gb + j) * record;
+            if (Q8) {
+              const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 512));
+              for (int m = 0; m < mr; ++m)
+                _mm512_store_ps(acc + m * 16, _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16),
+                                                              _mm512_load_ps(acc + m * 16)));
+            } else {
+              const bf16_t* sz = reinterpret_cast<const bf16_t*>(rec + 256);
+              const __m512 sc = bf16x16_to_f32(sz), zr = bf16x16_to_f32(sz + 16);
+              for (int m = 0; m < mr; ++m) {
+                __m512 a = _mm512_load_ps(acc + m * 16);
+                a = _mm512_fmadd_ps(zr, _mm512_set1_ps(sxp[(m0 + m) * g + gb + j]), a);
+                a = _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16), a);
+                _mm512_store_ps(acc + m * 16, a);
+              }
             }
           }
         }
@@ -620,9 +643,47 @@ torch::Tensor q4_mm(const torch::Tensor& x, const torch::Tensor& packed, bool ou
   });
   return y;
 #else
-  TORCH_CHECK(false, "q4_mm: these kernels were built without AMX (this CPU or compiler lacks AMX-BF16)");
+  TORCH_CHECK(false, "these kernels were built without AMX (this CPU or compiler lacks AMX-BF16)");
   return x;
 #endif
+}
+
+// x [M, K] bf16, packed from q4_pack -> x w^T [M, N] in bf16 (out_bf16) or fp32
+torch::Tensor q4_mm(const torch::Tensor& x, const torch::Tensor& packed, bool out_bf16) {
+  return quant_mm<false>(x, packed, out_bf16);
+}
+
+// q int8 [N, K], scale fp32 [N, K / 32] (w = scale * q, GGUF's Q8_0) -> packed uint8 [N / 16, K / 32, 576]:
+// per block of 16 columns and group, 512 bytes of q in the B tile's order (byte r * 32 + 2c + e holds
+// q[c, 32g + 2r + e]), then the 16 scales in fp32 (Q8_0's fp16 scales are exact in it)
+torch::Tensor q8_pack(const torch::Tensor& q, const torch::Tensor& scale) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt8 && q.is_contiguous(), "q: int8 [N, K] contiguous");
+  const int64_t n = q.size(0), k = q.size(1);
+  TORCH_CHECK(n % 16 == 0 && k % 32 == 0 && n > 0 && k > 0, "q8_pack: N a multiple of 16, K of 32");
+  const int64_t g = k / 32, nb = n / 16;
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.dim() == 2 &&
+                  scale.size(0) == n && scale.size(1) == g, "scale: fp32 [N, K / 32] contiguous");
+  auto packed = torch::empty({nb, g, Q8_BLOCK}, torch::kUInt8);
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t gi = 0; gi < g; ++gi) {
+        uint8_t* dst = out + (b * g + gi) * Q8_BLOCK;
+        for (int r = 0; r < 16; ++r)
+          for (int j = 0; j < 32; ++j)
+            dst[r * 32 + j] = static_cast<uint8_t>(qp[(b * 16 + j / 2) * k + gi * 32 + 2 * r + (j % 2)]);
+        float* sc = reinterpret_cast<float*>(dst + 512);
+        for (int c = 0; c < 16; ++c) sc[c] = sp[(b * 16 + c) * g + gi];
+      }
+  });
+  return packed;
+}
+
+// x [M, K] bf16, packed from q8_pack -> x w^T [M, N] in bf16 (out_bf16) or fp32
+torch::Tensor q8_mm(const torch::Tensor& x, const torch::Tensor& packed, bool out_bf16) {
+  return quant_mm<true>(x, packed, out_bf16);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -633,4 +694,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "built with AMX-BF16 and granted tile state by the OS");
   m.def("q4_pack", &q4_pack, "int4 weight (q, scale, zero) -> the AMX product's packed layout");
   m.def("q4_mm", &q4_mm, "x [M, K] bf16 times a packed int4 weight, on AMX");
+  m.def("q8_pack", &q8_pack, "int8 weight in groups of 32 (q, scale) -> the AMX product's packed layout");
+  m.def("q8_mm", &q8_mm, "x [M, K] bf16 times a packed int8 weight, on AMX");
 }
