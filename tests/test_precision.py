@@ -58,20 +58,34 @@ def test_products_approximate_the_fp32_product(precision):
     assert y.dtype == torch.float32 and rel < {"fp32": 1e-5, "bf16": 1e-2, "int8": 2e-2, "int4": 0.15}[precision]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
-def test_products_are_row_invariant(precision):
+# "int4-torch": int4 on torch's kernel where this CPU would run the AMX one (DFLASH_ROBOT_AMX=0), so
+# both int4 products stay covered on a machine with AMX
+ROW_PRECISIONS = ["fp32", "bf16", "int8", "int4", "int4-torch"]
+
+
+def _precision(precision, monkeypatch):
+    if precision == "int4-torch":
+        monkeypatch.setenv("DFLASH_ROBOT_AMX", "0")
+        return "int4"
+    return precision
+
+
+@pytest.mark.parametrize("precision", ROW_PRECISIONS)
+def test_products_are_row_invariant(precision, monkeypatch):
     """The lossless claim rests on this: a row's result does not depend on how many rows are
     multiplied with it (a 16-token verify vs single-token steps); K = 1536 is SmolLM2's MLP
     down projection, where oneDNN's fp32/bf16 products needed the K-split."""
+    precision = _precision(precision, monkeypatch)
     w, x = torch.randn(1536, 576) / 20, torch.randn(16, 576)
     f = quant.make_linear(w, None, precision)
     assert torch.equal(f(x), torch.cat([f(x[i:i + 1]) for i in range(16)]))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
-def test_batched_verify_is_bit_identical_to_single_steps(precision):
+@pytest.mark.parametrize("precision", ROW_PRECISIONS)
+def test_batched_verify_is_bit_identical_to_single_steps(precision, monkeypatch):
     """The whole lean forward, not only its products: logits and features of a 16-token verify
     equal those of 16 single-token steps exactly (float64 attention, K-split products)."""
+    precision = _precision(precision, monkeypatch)
     rt = DFlashRuntime.from_models(taught_target("qwen3"), None, engine="lean", precision=precision)
     eng, taps = rt.target, (1, 3)
     eng.prefill(torch.tensor(random_prompt(40, 7)), taps, 512)
@@ -84,8 +98,9 @@ def test_batched_verify_is_bit_identical_to_single_steps(precision):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
-def test_dflash_equals_the_same_engines_greedy(family, precision):
+@pytest.mark.parametrize("precision", ROW_PRECISIONS)
+def test_dflash_equals_the_same_engines_greedy(family, precision, monkeypatch):
+    precision = _precision(precision, monkeypatch)
     rt = DFlashRuntime.from_models(taught_target(family), trained_draft(family), engine="lean", precision=precision)
     assert rt.target.precision == precision
     for s in range(2):
