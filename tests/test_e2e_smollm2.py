@@ -84,6 +84,9 @@ def test_gguf_blocks_equal_transformers_dequantized_weights(rt_gguf):
     w8 = g.head(head)
     assert w8 is not None and torch.equal(w8.dequantize(), head)
     assert g.head(head.flip(0)) is None  # blocks that are not the model's head are not taken for it
+    other = head.clone()
+    other[-1, 0] += 1.0  # the same but for one value of the last row
+    assert g.head(other) is None
     from dflash_robot.targets import kernels
 
     assert rt_gguf.target.head_kind == ("q8_0" if kernels.amx() is not None else "bf16")

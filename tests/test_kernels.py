@@ -189,12 +189,23 @@ def test_kernels_flush_denormals_inside_and_leave_the_callers_mode_alone():
     gu = torch.tensor([[-10.0, 1e-35]])  # silu(-10) * 1e-35 ~ -4.5e-39: a denormal in IEEE arithmetic
     assert float(torch.nn.functional.silu(gu[:, :1]) * gu[:, 1:]) != 0.0
     assert float(ops.silu_mul(gu, False)[0, 0]) == 0.0
-    for _ in range(2):  # after a kernel call (and one that ran pool threads), IEEE denormals again
-        assert float((tiny * 1.0)[0]) != 0.0 and float((tiny / 2)[0]) != 0.0
-        qkv = torch.randn(4, 3 * 16)  # one query head, one kv head, d 16, 4 rows
-        kt, vc = torch.zeros(1, 16, 64), torch.zeros(1, 64, 16)
-        cos, sin = torch.ones(8, 16), torch.zeros(8, 16)
-        ops.attention(qkv, kt, vc, cos, sin, 0, 1, None, None, None, None, 1e-6, False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # so that kernels and torch's ops below run on pool threads too
+    try:
+        many = torch.full((1 << 22,), 1e-39)
+        for _ in range(2):  # after kernel calls that ran pool threads, IEEE denormals on every thread
+            assert float((tiny * 1.0)[0]) != 0.0 and float((tiny / 2)[0]) != 0.0
+            qkv = torch.randn(4, 18 * 16)  # 16 query heads, 1 kv head, d 16, 4 rows: one task per head
+            kt, vc = torch.zeros(1, 16, 64), torch.zeros(1, 64, 16)
+            cos, sin = torch.ones(8, 16), torch.zeros(8, 16)
+            ops.attention(qkv, kt, vc, cos, sin, 0, 16, None, None, None, None, 1e-6, False)
+            if AMX is not None:
+                w4 = _int4_weight(4096, 64, seed=9)
+                packed = AMX.q4_pack(w4.q.to(torch.int32).contiguous(), w4.scale.contiguous(), w4.zero.contiguous())
+                AMX.q4_mm(torch.randn(3, 64).bfloat16(), packed, False)
+            assert bool((many * 1.0).ne(0).all())  # a multi-threaded elementwise op over 4M denormals
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_bad_shapes_are_refused_not_read_out_of_bounds():
@@ -314,6 +325,13 @@ def test_amx_int4_rows_are_bit_identical_however_many_share_a_call():
     assert torch.equal(torch.cat([AMX.q4_mm(x[i:i + 1].contiguous(), packed, False) for i in range(40)]), whole)
     assert torch.equal(torch.cat([AMX.q4_mm(x[:5].contiguous(), packed, False),
                                   AMX.q4_mm(x[5:].contiguous(), packed, False)]), whole)
+    threads = torch.get_num_threads()
+    try:  # nor on how the columns are split between threads
+        torch.set_num_threads(1)
+        assert torch.equal(AMX.q4_mm(x, packed, False), whole)
+    finally:
+        torch.set_num_threads(threads)
+    assert AMX.q4_mm(x[:0].contiguous(), packed, False).shape == (0, 576)
 
 
 @needs_amx
@@ -356,11 +374,11 @@ def test_amx_int8_product_exact_and_row_invariant():
     from dflash_robot.targets.quant import Int8GroupWeight, q8_linear
 
     g = torch.Generator().manual_seed(8)
-    q = torch.randint(-127, 128, (96, 160), generator=g, dtype=torch.int8)
-    scale = (torch.rand(96, 5, generator=g) * 1e-2).half().float()  # Q8_0's fp16 scales
+    q = torch.randint(-127, 128, (96, 320), generator=g, dtype=torch.int8)  # 10 groups: a second batch of 8
+    scale = (torch.rand(96, 10, generator=g) * 1e-2).half().float()  # Q8_0's fp16 scales
     w8 = Int8GroupWeight(q, scale)
     packed = AMX.q8_pack(q, scale)
-    x = torch.randn(35, 160, generator=g).bfloat16()
+    x = torch.randn(35, 320, generator=g).bfloat16()
     ref = x.double() @ w8.dequantize().double().T
     out = AMX.q8_mm(x, packed, False)
     assert float((out.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
@@ -370,4 +388,5 @@ def test_amx_int8_product_exact_and_row_invariant():
     with pytest.raises(RuntimeError, match="int8"):
         AMX.q8_pack(q.int(), scale)
     with pytest.raises(RuntimeError, match="q8_pack"):
-        AMX.q8_mm(x, AMX.q4_pack(torch.zeros(96, 160, dtype=torch.int32), scale, scale), False)
+        AMX.q8_mm(x, AMX.q4_pack(torch.zeros(96, 320, dtype=torch.int32), scale, scale), False)
+    assert AMX.q8_mm(x[:0].contiguous(), packed, False).shape == (0, 96)

@@ -34,7 +34,7 @@ from dflash_robot.targets.lean import KERNEL_SLOTS, rope, rope_tables
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _fused(weights: list[torch.Tensor], precision: str) -> Linear:
+def _fused(weights: list[torch.Tensor], precision: str, amx: bool = True) -> Linear:
     w = torch.cat([w.detach() for w in weights]).contiguous()
     if precision == "fp32" or w.dtype != torch.float32 or w.device.type != "cpu":
         from dflash_robot.targets.fastpath import linear_fn
@@ -42,18 +42,18 @@ def _fused(weights: list[torch.Tensor], precision: str) -> Linear:
         return linear_fn(w)  # fp32 packed for oneDNN on CPU, else F.linear in the draft's own dtype
     from dflash_robot.targets.quant import make_linear
 
-    return make_linear(w, None, precision)
+    return make_linear(w, None, precision, amx=amx)
 
 
 class _Layer:
     __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "qk_norm")
 
-    def __init__(self, layer: Any, precision: str):
+    def __init__(self, layer: Any, precision: str, amx: bool = True):
         a, m = layer.self_attn, layer.mlp
-        self.qkv = _fused([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], precision)
-        self.o = _fused([a.o_proj.weight], precision)
-        self.gate_up = _fused([m.gate_proj.weight, m.up_proj.weight], precision)
-        self.down = _fused([m.down_proj.weight], precision)
+        self.qkv = _fused([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], precision, amx)
+        self.o = _fused([a.o_proj.weight], precision, amx)
+        self.gate_up = _fused([m.gate_proj.weight, m.up_proj.weight], precision, amx)
+        self.down = _fused([m.down_proj.weight], precision, amx)
         self.ln1 = layer.input_layernorm.weight.detach()
         self.ln2 = layer.post_attention_layernorm.weight.detach()
         nh, nkv = a.num_heads, a.num_kv_heads
@@ -97,10 +97,10 @@ class LeanDraftForward:
         self.nh, self.nkv, self.d = int(attn.num_heads), int(attn.num_kv_heads), int(attn.head_dim)
         self.eps = float(cfg.rms_norm_eps)
         self.precision = precision
-        self.fc = _fused([draft.fc.weight], precision)
+        self.fc = _fused([draft.fc.weight], precision, kernels)
         self.hidden_norm = draft.hidden_norm.weight.detach()
         self.norm = draft.norm.weight.detach()
-        self.layers = [_Layer(layer, precision) for layer in m.layers]
+        self.layers = [_Layer(layer, precision, kernels) for layer in m.layers]
         p = draft.fc.weight
         self.dtype, self.device = p.dtype, p.device
         rot = m.rotary_emb

@@ -62,23 +62,25 @@ class GGUFLayerWeights:
 
     def head(self, hf_weight: torch.Tensor) -> Int8GroupWeight | None:
         """The output head's own Q8_0 blocks: `output.weight`, or `token_embd.weight` for a model
-        whose head is tied to its embeddings; only when they are what transformers dequantized into
-        the model's head (`hf_weight`, compared on its first rows). Else None."""
+        whose head is tied to its embeddings; only when they are exactly what transformers
+        dequantized into the model's head (`hf_weight`, compared whole, 4,096 rows at a time).
+        Else None."""
         for name in ("output.weight", "token_embd.weight"):
             w = self._q8.get(name)
             if w is not None and tuple(w.q.shape) == tuple(hf_weight.shape):
-                if torch.equal(w.dequantize(slice(0, 8)), hf_weight[:8].float()):
+                rows = range(0, w.q.shape[0], 4096)
+                if all(torch.equal(w.dequantize(slice(i, i + 4096)), hf_weight[i:i + 4096].float()) for i in rows):
                     return w
         return None
 
     def build(self, index: int, part: str, hf_weights: list[torch.Tensor], bias: torch.Tensor | None,
-              native: bool = False) -> Callable:
-        """One fused product of layer `index` (`native`: as `quant.int4_linear`)."""
+              native: bool = False, amx: bool = True) -> Callable:
+        """One fused product of layer `index` (`native`, `amx`: as `quant.int4_linear`)."""
         names = [f"blk.{index}.{n}.weight" for n in PARTS[part]]
         parts = [self.int4(n, w.shape) for n, w in zip(names, hf_weights, strict=True)]
         if all(p is not None for p in parts):
             self.kinds["int4"] = self.kinds.get("int4", 0) + 1
-            return int4_linear(Int4Weight.cat(parts), bias, native)  # type: ignore[arg-type]
+            return int4_linear(Int4Weight.cat(parts), bias, native, amx)  # type: ignore[arg-type]
         self.kinds["bf16"] = self.kinds.get("bf16", 0) + 1  # transformers' dequantized copy, in bf16
         return bf16_linear(torch.cat([w.detach() for w in hf_weights]), bias)
 

@@ -182,14 +182,15 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         from dflash_robot.targets import kernels as fused
 
         self._ops = fused.for_engine(self.device, self.dtype) if kernels else None
-        build, gguf = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None)
+        build, gguf = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None,
+                                     amx=self._ops is not None)
         self.layers = [_Layer(i, layer, build) for i, layer in enumerate(inner.layers)]
         self.final_norm = inner.norm.weight.detach()
         head = model.get_output_embeddings()
         head_w, head_b = head.weight.detach(), None if head.bias is None else head.bias.detach()
         # "gguf": the file's own Q8_0 head where AMX multiplies it (half the bytes of bf16, exact
         # weights); else bf16 below fp32 (int4 heads lose top-1 agreement)
-        w8 = gguf.head(head_w) if gguf is not None else None
+        w8 = gguf.head(head_w) if gguf is not None and self._ops is not None else None
         q8 = q8_linear(w8, head_b) if w8 is not None else None
         self.head_kind = "q8_0" if q8 is not None else {"fp32": "fp32", "int8": "int8"}.get(precision, "bf16")
         self._head_module = _HeadModule(head_w, head_b, (lambda w, b: q8) if q8 is not None else
@@ -386,19 +387,21 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
 
 
 def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int,
-                   native: bool = False) -> tuple[Callable[..., Callable], Any]:
+                   native: bool = False, amx: bool = True) -> tuple[Callable[..., Callable], Any]:
     """-> (build(index, part, hf_weights, bias): one fused product at `precision` (`native`: outputs
-    in the kernel's dtype, for the fused kernels), the `GGUFLayerWeights` for "gguf" else None)."""
+    in the kernel's dtype, for the fused kernels; `amx`: int4 may run on their AMX product), the
+    `GGUFLayerWeights` for "gguf" else None)."""
     from dflash_robot.targets.quant import make_linear
 
     if precision != "gguf":
-        return (lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision, native)), None
+        return (lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision, native,
+                                                   amx)), None
     if gguf_file is None:
         raise UnsupportedModelError("precision 'gguf' needs the target to be loaded from a GGUF file")
     from dflash_robot.targets.gguf_weights import GGUFLayerWeights
 
     weights = GGUFLayerWeights(gguf_file, n_heads, n_kv)
-    return (lambda i, part, ws, b: weights.build(i, part, ws, b, native)), weights
+    return (lambda i, part, ws, b: weights.build(i, part, ws, b, native, amx)), weights
 
 
 class _HeadModule(nn.Module):

@@ -139,18 +139,19 @@ def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     return Int4Weight(q, scale, lo + 8 * scale)
 
 
-def int4_linear(w4: Int4Weight, bias: torch.Tensor | None, native: bool = False) -> Linear:
+def int4_linear(w4: Int4Weight, bias: torch.Tensor | None, native: bool = False, amx: bool = True) -> Linear:
     """`native`: the kernel's bf16 output, not converted to fp32 (as `int8_linear`).
 
     On a CPU with AMX (`kernels.amx()`) the product is the fused kernels' `q4_mm`: the same weights,
     the same bf16 scales and offsets, each group's products exact and summed in fp32, and a cost
     that barely grows with the rows (a 16-row verify ~2x one row, against ~7x for torch's kernel).
     Without `native` its output is fp32 straight from the accumulators. Either kernel computes a
-    row the same way however many rows share the call; one engine uses one of them throughout."""
+    row the same way however many rows share the call; one engine uses one of them throughout.
+    `amx=False` (an engine with its fused kernels turned off) keeps torch's kernel."""
     from dflash_robot.targets import kernels
 
     n, k = w4.q.shape
-    ops = kernels.amx() if n % 16 == 0 and k % GROUP == 0 else None
+    ops = kernels.amx() if amx and n % 16 == 0 and k % GROUP == 0 else None
     if ops is not None:
         packed4 = ops.q4_pack(w4.q.to(torch.int32).contiguous(), w4.scale.float().contiguous(),
                               w4.zero.float().contiguous())
@@ -193,9 +194,11 @@ def q8_linear(w8: Int8GroupWeight, bias: torch.Tensor | None, native: bool = Fal
     return lambda x: _bias(ops.q8_mm(x.to(torch.bfloat16).contiguous(), packed, native), b)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, native: bool = False) -> Linear:
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, native: bool = False,
+                amx: bool = True) -> Linear:
     """A product with `weight` [N, K] at `precision` ("gguf" layers are built by `GGUFLayerWeights`).
-    Its output is fp32, or with `native` the kernel's own dtype (bf16 for int8 and int4)."""
+    Its output is fp32, or with `native` the kernel's own dtype (bf16 for int8 and int4). `amx`:
+    int4 may run on the fused kernels' AMX product (`int4_linear`)."""
     if precision == "fp32":
         return fp32_linear(weight, bias)
     if precision == "bf16":
@@ -203,7 +206,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str,
     if precision == "int8":
         return int8_linear(weight, bias, native)
     if precision == "int4":
-        return int4_linear(quantize_int4(weight), bias, native)
+        return int4_linear(quantize_int4(weight), bias, native, amx)
     raise ConfigError(f"make_linear: unsupported precision {precision!r}")
 
 

@@ -40,7 +40,8 @@ namespace {
 
 // FTZ and DAZ for the calling thread while in scope, the caller's mode restored after (torch's own
 // ops and the Python caller keep IEEE denormals). at::parallel_for bodies run on pool threads: each
-// body takes its own guard.
+// body takes its own guard, and no guard is held across a parallel_for (a pool thread started there
+// would inherit flush-to-zero and restore it as its own mode).
 struct NoDenormals {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned int saved;
@@ -372,7 +373,6 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
                         const c10::optional<torch::Tensor>& positions, const c10::optional<torch::Tensor>& mask,
                         const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
                         double eps, bool out_bf16) {
-  NoDenormals no_denormals;
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous(), "qkv: [T, (nh + 2 nkv) d] contiguous");
   TORCH_CHECK(kt.dim() == 3 && vc.dim() == 3 && kt.is_contiguous() && vc.is_contiguous() &&
                   kt.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 &&
@@ -417,8 +417,12 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
 
   auto q = torch::empty({t * nh * d + 2 * d}, torch::kFloat32);  // rotated queries [T, nh, d], then scratch
   float* qp = q.data_ptr<float>();
-  if (is_bf16(qkv)) rope_and_store(a, cptr<bf16_t>(qkv), qp, qp + t * nh * d);
-  else rope_and_store(a, cptr<float>(qkv), qp, qp + t * nh * d);
+  {  // the serial part's own guard, ended before the pool runs: a pool thread created during the
+     // parallel_for copies its creator's MXCSR, and would otherwise keep flush-to-zero for good
+    NoDenormals no_denormals;
+    if (is_bf16(qkv)) rope_and_store(a, cptr<bf16_t>(qkv), qp, qp + t * nh * d);
+    else rope_and_store(a, cptr<float>(qkv), qp, qp + t * nh * d);
+  }
 
   auto out = new_rows(qkv, t, nh * d, out_bf16);
   const int64_t g = nh / a.nkv;
@@ -559,84 +563,98 @@ torch::Tensor quant_mm(const torch::Tensor& x, const torch::Tensor& packed, bool
               "packed: uint8 [N / 16, K / 32, ", record, "] from ", Q8 ? "q8_pack" : "q4_pack", ", K matching x");
 #if DFLASH_AMX
   TORCH_CHECK(amx_granted(), "the OS did not grant this process AMX tile state");
-  NoDenormals no_denormals;
   const int64_t m_all = x.size(0), k = x.size(1), nb = packed.size(0), g = packed.size(1), n = nb * 16;
   auto y = new_rows(x, m_all, n, out_bf16);
-  auto sums = torch::empty({std::max<int64_t>(1, m_all * g)}, torch::kFloat32);
+  if (m_all == 0) return y;
   const bf16_t* xp = cptr<bf16_t>(x);
-  float* sxp = sums.data_ptr<float>();
-  if (!Q8)
-    for (int64_t i = 0; i < m_all * g; ++i)  // each group's sum of x: 16 lanes, then one fixed reduction
-      sxp[i] = _mm512_reduce_add_ps(_mm512_add_ps(bf16x16_to_f32(xp + i * 32), bf16x16_to_f32(xp + i * 32 + 16)));
+  torch::Tensor sums;
+  if (!Q8) {  // each group's sum of x (the zero term): 16 lanes, then one fixed reduction
+    sums = torch::empty({m_all * g}, torch::kFloat32);
+    float* sp = sums.data_ptr<float>();
+    NoDenormals no_denormals;  // scoped: ends before the parallel_for (see NoDenormals)
+    for (int64_t i = 0; i < m_all * g; ++i)
+      sp[i] = _mm512_reduce_add_ps(_mm512_add_ps(bf16x16_to_f32(xp + i * 32), bf16x16_to_f32(xp + i * 32 + 16)));
+  }
+  const float* sxp = Q8 ? nullptr : sums.data_ptr<float>();
   const uint8_t* pp = packed.data_ptr<uint8_t>();
+  // Per block of 16 columns: each batch of 8 groups is unpacked once and used for every 16-row
+  // chunk of x (a prefill of hundreds of rows unpacks each weight once), the rows' accumulators
+  // kept across the batches. A row's instructions do not depend on its chunk or on the others.
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
     NoDenormals pool_thread_no_denormals;
     alignas(64) bf16_t bbuf[Q4_BATCH * 512];
     alignas(64) float cbuf[Q4_BATCH * 256];
-    alignas(64) float acc[16 * 16];
     alignas(64) bf16_t lut[32];  // bf16 of q - 8 for q = 0..15 (twice: vpermw reads 32 lanes)
     for (int i = 0; i < 32; ++i) st(lut, i, static_cast<float>((i & 15) - 8));
     const __m512i table = _mm512_load_si512(lut);
     const __m512i low4 = _mm512_set1_epi16(0x000F);
-    for (int64_t m0 = 0; m0 < m_all; m0 += 16) {
-      const int mr = static_cast<int>(std::min<int64_t>(16, m_all - m0));
-      const bf16_t* xrow = xp + m0 * k;
-      TileConfig cfg{};
-      cfg.palette = 1;
-      for (int t = 0; t < 6; ++t) { cfg.rows[t] = mr; cfg.colsb[t] = 64; }  // C 0-3 (fp32 [mr, 16]), A 4-5
-      for (int t = 6; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // B 6-7: 16 pairs of k x 16 columns
-      _tile_loadconfig(&cfg);
-      for (int64_t b = b0; b < b1; ++b) {
-        for (int i = 0; i < mr * 16; ++i) acc[i] = 0.0f;
-        for (int64_t gb = 0; gb < g; gb += Q4_BATCH) {
-          const int nbatch = static_cast<int>(std::min<int64_t>(Q4_BATCH, g - gb));
-          for (int j = 0; j < nbatch; ++j) {  // unpack the batch's B tiles to bf16: q - 8 (Q4) or q (Q8)
-            const uint8_t* src = pp + (b * g + gb + j) * record;
-            if (b + 1 < b1)  // the same group of the next block, one block (g records) ahead
-              for (int l = 0; l < record; l += 64) _mm_prefetch(reinterpret_cast<const char*>(src + g * record + l), _MM_HINT_T0);
-            bf16_t* bt = bbuf + j * 512;
-            if (Q8) {
-              for (int r = 0; r < 16; ++r) {
-                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32));
-                const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
-                const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
-                _mm512_store_si512(bt + r * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // exact: |q| <= 128
-              }
-            } else {
-              for (int r = 0; r < 8; ++r) {
-                const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32)));
-                _mm512_store_si512(bt + r * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, low4), table));
-                _mm512_store_si512(bt + (r + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table));
-              }
+    auto acc_t = torch::empty({m_all * 16 + 16}, torch::kFloat32);  // + 16: room to align to 64 bytes
+    float* acc = acc_t.data_ptr<float>();
+    acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc) + 63) & ~uintptr_t{63});
+    int configured = -1;  // the row count the tiles are configured for
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill(acc, acc + m_all * 16, 0.0f);
+      for (int64_t gb = 0; gb < g; gb += Q4_BATCH) {
+        const int nbatch = static_cast<int>(std::min<int64_t>(Q4_BATCH, g - gb));
+        for (int j = 0; j < nbatch; ++j) {  // unpack the batch's B tiles to bf16: q - 8 (Q4) or q (Q8)
+          const uint8_t* src = pp + (b * g + gb + j) * record;
+          if (b + 1 < b1)  // the same group of the next block, one block (g records) ahead
+            for (int l = 0; l < record; l += 64) _mm_prefetch(reinterpret_cast<const char*>(src + g * record + l), _MM_HINT_T0);
+          bf16_t* bt = bbuf + j * 512;
+          if (Q8) {
+            for (int r = 0; r < 16; ++r) {
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32));
+              const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+              const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+              _mm512_store_si512(bt + r * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // exact: |q| <= 128
+            }
+          } else {
+            for (int r = 0; r < 8; ++r) {
+              const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * 32)));
+              _mm512_store_si512(bt + r * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, low4), table));
+              _mm512_store_si512(bt + (r + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table));
             }
           }
+        }
+        for (int64_t m0 = 0; m0 < m_all; m0 += 16) {
+          const int mr = static_cast<int>(std::min<int64_t>(16, m_all - m0));
+          if (mr != configured) {
+            TileConfig cfg{};
+            cfg.palette = 1;
+            for (int t = 0; t < 6; ++t) { cfg.rows[t] = mr; cfg.colsb[t] = 64; }  // C 0-3 (fp32 [mr, 16]), A 4-5
+            for (int t = 6; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // B 6-7: 16 pairs of k x 16 columns
+            _tile_loadconfig(&cfg);
+            configured = mr;
+          }
+          const bf16_t* xrow = xp + m0 * k;
           DFLASH_Q4_STEP(0, 4, 6, 0) DFLASH_Q4_STEP(1, 5, 7, 1) DFLASH_Q4_STEP(2, 4, 6, 2) DFLASH_Q4_STEP(3, 5, 7, 3)
           DFLASH_Q4_STEP(4, 4, 6, 0) DFLASH_Q4_STEP(5, 5, 7, 1) DFLASH_Q4_STEP(6, 4, 6, 2) DFLASH_Q4_STEP(7, 5, 7, 3)
           for (int j = 0; j < nbatch; ++j) {
             const uint8_t* rec = pp + (b * g + gb + j) * record;
+            float* am = acc + m0 * 16;
             if (Q8) {
               const __m512 sc = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 512));
               for (int m = 0; m < mr; ++m)
-                _mm512_store_ps(acc + m * 16, _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16),
-                                                              _mm512_load_ps(acc + m * 16)));
+                _mm512_store_ps(am + m * 16, _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16),
+                                                             _mm512_load_ps(am + m * 16)));
             } else {
               const bf16_t* sz = reinterpret_cast<const bf16_t*>(rec + 256);
               const __m512 sc = bf16x16_to_f32(sz), zr = bf16x16_to_f32(sz + 16);
               for (int m = 0; m < mr; ++m) {
-                __m512 a = _mm512_load_ps(acc + m * 16);
+                __m512 a = _mm512_load_ps(am + m * 16);
                 a = _mm512_fmadd_ps(zr, _mm512_set1_ps(sxp[(m0 + m) * g + gb + j]), a);
                 a = _mm512_fmadd_ps(sc, _mm512_load_ps(cbuf + j * 256 + m * 16), a);
-                _mm512_store_ps(acc + m * 16, a);
+                _mm512_store_ps(am + m * 16, a);
               }
             }
           }
         }
-        for (int m = 0; m < mr; ++m) {
-          if (out_bf16)  // round to nearest even, as `st` and torch's .to(bfloat16)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(mptr<bf16_t>(y) + (m0 + m) * n + b * 16),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(acc + m * 16)));
-          else std::memcpy(mptr<float>(y) + (m0 + m) * n + b * 16, acc + m * 16, 16 * sizeof(float));
-        }
+      }
+      for (int64_t m = 0; m < m_all; ++m) {
+        if (out_bf16)  // round to nearest even, as `st` and torch's .to(bfloat16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(mptr<bf16_t>(y) + m * n + b * 16),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(acc + m * 16)));
+        else std::memcpy(mptr<float>(y) + m * n + b * 16, acc + m * 16, 16 * sizeof(float));
       }
     }
     _tile_release();
