@@ -477,7 +477,7 @@ constexpr int64_t Q8_BLOCK = 16 * 32 + 16 * 4;          // int8 q, then scale in
 #if DFLASH_AMX
 namespace {
 
-struct __attribute__((packed)) TileConfig {
+struct __attribute__((packed, aligned(64))) TileConfig {
   uint8_t palette, start_row;
   uint8_t reserved[14];
   uint16_t colsb[16];
@@ -591,6 +591,11 @@ torch::Tensor quant_mm(const torch::Tensor& x, const torch::Tensor& packed, bool
     auto acc_t = torch::empty({m_all * 16 + 16}, torch::kFloat32);  // + 16: room to align to 64 bytes
     float* acc = acc_t.data_ptr<float>();
     acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc) + 63) & ~uintptr_t{63});
+    // The thread's tile configuration as we found it, restored after: libraries that configure
+    // tiles once per thread and keep using them (ggml's AMX kernels, in llama.cpp) would otherwise
+    // fault on their next tile instruction after our configuration or release.
+    alignas(64) TileConfig caller{};
+    _tile_storeconfig(&caller);
     int configured = -1;  // the row count the tiles are configured for
     for (int64_t b = b0; b < b1; ++b) {
       std::fill(acc, acc + m_all * 16, 0.0f);
@@ -657,7 +662,8 @@ torch::Tensor quant_mm(const torch::Tensor& x, const torch::Tensor& packed, bool
         else std::memcpy(mptr<float>(y) + m * n + b * 16, acc + m * 16, 16 * sizeof(float));
       }
     }
-    _tile_release();
+    if (caller.palette != 0) _tile_loadconfig(&caller);
+    else _tile_release();
   });
   return y;
 #else
