@@ -42,16 +42,17 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   nvidia-smi --query-gpu=name,memory.used --format=csv
   mkdir -p runs/gpu && cp -r data/smollm2-selfdistill runs/gpu/data
   # 1) more self-distilled data (batched generation is fast on the GPU; features cached as it goes),
-  # 2) a long run continuing the best draft so far (the 5-layer one of experiments/, ahead of the shipped
-  #    one by 0.23 held-out chain tau; a continuation restarting above its last rate first loses tau, but
-  #    batch 32 is 8x the CPU runs' batch); checkpoints every 200 steps so a cut-off run still yields a draft
+  # 2) a long run continuing the best held-out draft so far (stage 14 in experiments/smollm2-5layer, 2.436
+  #    held-out chain tau at block 16 against the shipped stage 13's 2.395; a continuation restarting above
+  #    its last rate first loses tau, but batch 32 is 8x the CPU runs' batch); checkpoints every 200 steps
+  #    so a cut-off run still yields a draft
   G="$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf"
   # --shards counts shard-00000 on, so ask for more than the committed ones (the time limit stops it)
   have=$(find runs/gpu/data -maxdepth 1 -name 'shard-[0-9]*.npz' ! -name '*.tmp.npz' | wc -l)
   timeout 240 python3 -m dflash_robot.cli data --target "$G" --device cuda --dtype bfloat16 --out runs/gpu/data \
       --shards $((have + 1000)) --batch-size 256 --max-new-tokens 256 || echo "data stopped by the time limit"
   timeout 300 python3 -m dflash_robot.cli train --target "$G" --device cuda --data runs/gpu/data --out runs/gpu \
-      --init draft:dflash_robot/drafts/smollm2-135m-instruct --layers 5 --draft-vocab 8192 --steps 3000 --batch-size 32 \
+      --init draft:experiments/smollm2-5layer --layers 5 --draft-vocab 8192 --steps 3000 --batch-size 32 \
       --lr 3e-4 --warmup-steps 100 --blocks-per-seq 64 --save-every 200 --eval-every 500 \
       || echo "training stopped by the time limit"
   mkdir -p "$OUT/draft" && cp runs/gpu/draft/* "$OUT/draft/" && cp runs/gpu/train_log.jsonl "$OUT/"
