@@ -74,13 +74,14 @@ class GGUFLayerWeights:
         return None
 
     def build(self, index: int, part: str, hf_weights: list[torch.Tensor], bias: torch.Tensor | None,
-              native: bool = False, amx: bool = True) -> Callable:
-        """One fused product of layer `index` (`native`, `amx`: as `quant.int4_linear`)."""
+              native: bool = False) -> Callable:
+        """One fused product of layer `index` (`native`: as `quant.int4_linear`; an engine on the
+        fused kernels also runs their AMX product where there is one)."""
         names = [f"blk.{index}.{n}.weight" for n in PARTS[part]]
         parts = [self.int4(n, w.shape) for n, w in zip(names, hf_weights, strict=True)]
         if all(p is not None for p in parts):
             self.kinds["int4"] = self.kinds.get("int4", 0) + 1
-            return int4_linear(Int4Weight.cat(parts), bias, native, amx)  # type: ignore[arg-type]
+            return int4_linear(Int4Weight.cat(parts), bias, native, amx=native)  # type: ignore[arg-type]
         self.kinds["bf16"] = self.kinds.get("bf16", 0) + 1  # transformers' dequantized copy, in bf16
         return bf16_linear(torch.cat([w.detach() for w in hf_weights]), bias)
 

@@ -182,8 +182,7 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
         from dflash_robot.targets import kernels as fused
 
         self._ops = fused.for_engine(self.device, self.dtype) if kernels else None
-        build, gguf = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None,
-                                     amx=self._ops is not None)
+        build, gguf = _layer_builder(precision, gguf_file, self.n_heads, self.n_kv, native=self._ops is not None)
         self.layers = [_Layer(i, layer, build) for i, layer in enumerate(inner.layers)]
         self.final_norm = inner.norm.weight.detach()
         head = model.get_output_embeddings()
@@ -387,21 +386,21 @@ class LeanTargetAdapter(PositionCache, ChunkedForwardAdapter):
 
 
 def _layer_builder(precision: str, gguf_file: str | None, n_heads: int, n_kv: int,
-                   native: bool = False, amx: bool = True) -> tuple[Callable[..., Callable], Any]:
-    """-> (build(index, part, hf_weights, bias): one fused product at `precision` (`native`: outputs
-    in the kernel's dtype, for the fused kernels; `amx`: int4 may run on their AMX product), the
-    `GGUFLayerWeights` for "gguf" else None)."""
+                   native: bool = False) -> tuple[Callable[..., Callable], Any]:
+    """-> (build(index, part, hf_weights, bias): one fused product at `precision` (`native`: for the
+    fused kernels, outputs in the kernel's dtype and int4 on their AMX product where there is one),
+    the `GGUFLayerWeights` for "gguf" else None)."""
     from dflash_robot.targets.quant import make_linear
 
     if precision != "gguf":
         return (lambda i, part, ws, b: make_linear(torch.cat([w.detach() for w in ws]), b, precision, native,
-                                                   amx)), None
+                                                   amx=native)), None
     if gguf_file is None:
         raise UnsupportedModelError("precision 'gguf' needs the target to be loaded from a GGUF file")
     from dflash_robot.targets.gguf_weights import GGUFLayerWeights
 
     weights = GGUFLayerWeights(gguf_file, n_heads, n_kv)
-    return (lambda i, part, ws, b: weights.build(i, part, ws, b, native, amx)), weights
+    return (lambda i, part, ws, b: weights.build(i, part, ws, b, native)), weights
 
 
 class _HeadModule(nn.Module):

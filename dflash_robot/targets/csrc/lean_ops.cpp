@@ -14,7 +14,7 @@
 // softmax weights of far-off keys, their products with values, and the lanes a vectorized select
 // computes and then discards (the compiler evaluates `gate / (1 + exp(88))` for every lane of SiLU)
 // fall below FLT_MIN, and on Intel cores each such operation takes a microcode assist of ~100+
-// cycles. On this project's Xeon box that made SiLU 9x and attention ~4x slower than their
+// cycles. On this project's Xeon box that made SiLU 9x and attention 3-4x slower than their
 // arithmetic (docs/BENCHMARKS.md, session 16). Values below 1.2e-38 become 0; every row still runs
 // the same instructions, so row invariance holds.
 #include <torch/extension.h>
@@ -463,7 +463,7 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor& kt, torch::Tens
 // tile rows are independent, and a call of more than 16 rows runs 16 at a time), so a verified
 // token equals the token decoded alone, as the lean engine needs. Unlike torch's int4 kernel
 // (`_weight_int4pack_mm_for_cpu`, one FMA per weight per row) the cost hardly grows with the rows:
-// 16 rows cost ~2x one (docs/BENCHMARKS.md, session 16).
+// 16 rows cost ~1.8x one (docs/BENCHMARKS.md, session 16).
 //
 // Packed layout, per block of 16 output columns b and group g: 256 bytes of nibbles, byte
 // r * 32 + 2c + e (r < 8, column c, e in {0, 1}) holding q[c, 32g + 2r + e] (low) and
