@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,6 +207,30 @@ def test_feature_store_prefetch_names_exactly_the_rows_get_reads(tmp_path, monke
     raw = np.frombuffer(path.read_bytes()[off:off + n], dtype=np.uint16).reshape(4, 6)  # all stored taps
     assert torch.equal(torch.from_numpy(raw.copy()).view(torch.bfloat16), a[3:7])
     assert torch.equal(store.get("shard-00000", 3, 7), before)
+
+
+def test_feature_store_reads_rows_without_mapping_the_file(tmp_path):
+    """`get` reads exactly rows a..b (checked against `np.load`), leaves no mapping of the file
+    in the process (a training run visits every shard; maps of them all slowed each step), and
+    refuses rows outside the file and a file cut short, instead of returning fewer rows."""
+    a = torch.randn(50, 6).to(torch.bfloat16)
+    path = D.taps_dir(tmp_path, (1, 2, 3)) / "shard-00000.npy"
+    D._save_features(path, a)
+    store = D.FeatureStore(tmp_path, (1, 2, 3), 2)
+    ref = torch.from_numpy(np.load(path)).view(torch.bfloat16)
+    for lo, hi in ((0, 50), (17, 18), (49, 50), (3, 3)):
+        assert torch.equal(store.get("shard-00000", lo, hi), ref[lo:hi])
+    if Path("/proc/self/maps").exists():
+        assert str(path) not in Path("/proc/self/maps").read_text()
+    with pytest.raises(ValueError, match=re.escape("rows 45..51 requested, the file holds 50")):
+        store.get("shard-00000", 45, 51)
+    path.write_bytes(path.read_bytes()[:-12])  # the last row lost
+    with pytest.raises(ConfigError, match="file ends before row 50"):
+        store.get("shard-00000", 40, 50)
+    assert torch.equal(store.get("shard-00000", 40, 49), ref[40:49])
+    (tmp_path / "features" / "taps-1-2-3" / "shard-00001.npy").write_bytes(b"not an array")
+    with pytest.raises(ConfigError, match="shard-00001.npy: not a feature file"):
+        store.get("shard-00001", 0, 1)
 
 
 def test_partial_shard_files_are_not_data(tmp_path):

@@ -15,7 +15,7 @@ from dflash_robot.cli.common import HelpFormatter, add_model_args, int_at_least
 
 DATA_DESCRIPTION = """Generate self-distillation data: prompts from offline sources, answered greedily
 by the target, stored as compact token arrays (shard-*.npz), with the target's tapped
-hidden states cached beside them (features/, memory-mapped bf16). Resumable: complete
+hidden states cached beside them (features/, bf16 .npy). Resumable: complete
 shards are kept. No prompt of an installed evaluation set is ever used."""
 
 TRAIN_DESCRIPTION = """Train a DFlash draft for a target on self-distillation data (see `dflash-robot data`).

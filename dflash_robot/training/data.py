@@ -338,33 +338,85 @@ def shard_paths(data_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(data_dir).glob("shard-*.npz") if not p.name.endswith(".tmp.npz"))
 
 
+@dataclass(frozen=True)
+class _FeatureFile:
+    """Where one shard's `.npy` feature rows lie: the file, the byte offset of row 0, the row's
+    width in bf16 values, the row count, and the columns of the requested taps."""
+    path: str
+    offset: int
+    width: int
+    rows: int
+    cols: tuple[slice, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * 2
+
+
+def _feature_file(path: Path, cols: Sequence[slice]) -> _FeatureFile:
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+        except ValueError as e:
+            raise ConfigError(f"{path}: not a feature file ({e})") from None
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read:
+            raise ConfigError(f"{path}: .npy format {version} is not one `np.save` writes for features")
+        shape, fortran, dtype = read[version](f)
+        if dtype != np.dtype(np.uint16) or fortran or len(shape) != 2:
+            raise ConfigError(f"{path}: not a feature file (expected a C-ordered 2-D uint16 array, "
+                              f"got {dtype} {shape}{' Fortran-ordered' if fortran else ''})")
+        return _FeatureFile(str(path), f.tell(), int(shape[1]), int(shape[0]), tuple(cols))
+
+
 class FeatureStore:
-    """Memory-mapped tapped features of one data directory, for a given set of layer ids: any
-    subset of a stored tap set, in the same order. A shard's features are read from the first
-    stored tap set (sorted by name) that covers the ids and has that shard."""
+    """Tapped features of one data directory on disk, for a given set of layer ids: any subset of
+    a stored tap set, in the same order. A shard's features are read from the first stored tap
+    set (sorted by name) that covers the ids and has that shard.
+
+    Rows are read with `pread`, not through a memory map: a training run visits every shard's
+    rows, and mapping them left the process with millions of mapped page-cache pages (~11 GB
+    RssFile on the 24 GiB box, ~40,000 minor faults a second), under which each step grew from
+    ~1.27 to ~1.56 s within ~1,000 steps (docs/TRAINING.md, sessions 15-17). A read copies the
+    same bytes once and leaves nothing mapped."""
 
     def __init__(self, data_dir: Path, layer_ids: Sequence[int], hidden: int):
         self.sets: list[tuple[Path, list[slice]]] = []
-        self.maps: dict[str, tuple[np.ndarray, list[slice]] | None] = {}
+        self.files: dict[str, _FeatureFile | None] = {}
         for d in sorted((data_dir / "features").glob("taps-*")):
             stored = [int(x) for x in d.name[5:].split("-")]
             if all(i in stored for i in layer_ids):
                 cols = [slice(stored.index(i) * hidden, (stored.index(i) + 1) * hidden) for i in layer_ids]
                 self.sets.append((d, cols))
 
-    def _entry(self, shard: str) -> tuple[np.ndarray, list[slice]] | None:
-        if shard not in self.maps:
+    def _entry(self, shard: str) -> _FeatureFile | None:
+        if shard not in self.files:
             found = [(d / f"{shard}.npy", cols) for d, cols in self.sets if (d / f"{shard}.npy").exists()]
-            self.maps[shard] = (np.load(found[0][0], mmap_mode="r"), found[0][1]) if found else None
-        return self.maps[shard]
+            self.files[shard] = _feature_file(*found[0]) if found else None
+        return self.files[shard]
 
     def get(self, shard: str, a: int, b: int) -> torch.Tensor | None:
-        entry = self._entry(shard)
-        if entry is None:
+        """Rows a..b of the shard's features, the requested taps concatenated: [b - a, taps * hidden]
+        bf16, or None where the shard has no features."""
+        e = self._entry(shard)
+        if e is None:
             return None
-        m, cols = entry
-        rows = torch.from_numpy(np.array(m[a:b])).view(torch.bfloat16)
-        return torch.cat([rows[:, c] for c in cols], dim=-1)
+        if not 0 <= a <= b <= e.rows:
+            raise ValueError(f"{e.path}: rows {a}..{b} requested, the file holds {e.rows}")
+        buf = bytearray((b - a) * e.row_bytes)
+        view = memoryview(buf)
+        fd = os.open(e.path, os.O_RDONLY)
+        try:
+            got = 0
+            while got < len(view):  # pread may return less than asked (signals, large reads)
+                n = os.preadv(fd, [view[got:]], e.offset + a * e.row_bytes + got)
+                if n == 0:
+                    raise ConfigError(f"{e.path}: file ends before row {b} (truncated?)")
+                got += n
+        finally:
+            os.close(fd)
+        rows = torch.from_numpy(np.frombuffer(buf, dtype=np.uint16).reshape(b - a, e.width)).view(torch.bfloat16)
+        return torch.cat([rows[:, c] for c in e.cols], dim=-1)
 
     def prefetch(self, keys: Sequence[tuple[str, int, int]]) -> None:
         """Ask the kernel to start reading these samples' rows now (`posix_fadvise` WILLNEED), so
@@ -376,17 +428,13 @@ class FeatureStore:
         if not hasattr(os, "posix_fadvise"):
             return
         for shard, a, b in keys:
-            entry = self._entry(shard)
-            if entry is None or b <= a:  # (a length of 0 would mean "to the end of the file")
+            e = self._entry(shard)
+            if e is None or b <= a:  # (a length of 0 would mean "to the end of the file")
                 continue
-            m = entry[0]
-            if not isinstance(m, np.memmap) or m.filename is None:
-                continue
-            row = m.strides[0]
             try:
-                fd = os.open(m.filename, os.O_RDONLY)
+                fd = os.open(e.path, os.O_RDONLY)
                 try:
-                    os.posix_fadvise(fd, m.offset + a * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
+                    os.posix_fadvise(fd, e.offset + a * e.row_bytes, (b - a) * e.row_bytes, os.POSIX_FADV_WILLNEED)
                 finally:
                     os.close(fd)
             except OSError:

@@ -1,6 +1,6 @@
 """The training step: frozen target features, the block objective, AdamW with warm-up + cosine.
 
-Target features come from a `FeatureStore` (memory-mapped bf16 on disk, written once per
+Target features come from a `FeatureStore` (bf16 on disk, read with pread, written once per
 sample by `training.data`) when one is given and holds the sample; otherwise from one no-grad
 target forward, optionally kept in memory (`cache_features=True`). With a draft vocabulary
 (`DFlashDraft.vocab_ids`) the head and the loss cover only those N tokens: labels outside
