@@ -149,10 +149,13 @@ def test_resume_equals_uninterrupted(tmp_path):
     torch.save({"trainer": b1.state_dict()}, tmp_path / "ck.pt")
     b2 = _trainer(steps=12, seed=123)  # different init: everything must come from the checkpoint
     b2.load_state_dict(load_checkpoint(tmp_path / "ck.pt")["trainer"])
+    assert b2.response_tokens_seen == sum(int(m.sum()) for b in batches[:6] for _, m in b)
     for b in batches[6:]:
         b2.train_step(b)
     for k, v in a.draft.state_dict().items():
         torch.testing.assert_close(v, b2.draft.state_dict()[k], rtol=1e-5, atol=1e-6)
+    # the log's count of response tokens carries across the resume
+    assert a.response_tokens_seen == b2.response_tokens_seen == sum(int(m.sum()) for b in batches for _, m in b)
 
 
 def test_resume_follows_this_runs_schedule(tmp_path):

@@ -343,7 +343,6 @@ def train(run: TrainRun) -> Path:
 def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, logs: list, ckpt: Path,
           out: Path, rank: int, world: int) -> None:
     bar = tqdm(total=run.steps, initial=trainer.step, desc="train", disable=rank != 0)
-    seen = 0
     while trainer.step < run.steps:
         idx = batch_indices(trainer.step, len(train_set), run.batch_size, run.seed, rank, world)
         batch = [train_set[i] for i in idx]
@@ -354,7 +353,6 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
         t0 = time.perf_counter()
         stats = trainer.train_step([(s[0], s[1]) for s in batch], keys=[s[2] for s in batch])
         stats["step_s"] = time.perf_counter() - t0
-        seen += sum(int(s[1].sum()) for s in batch)
         if trainer.step % run.eval_every == 0 or trainer.step == run.steps:
             stats["holdout_tau_est"] = holdout_estimate(trainer, holdout)
             stats["holdout_tau_chain"] = holdout_chain(trainer, holdout)
@@ -363,7 +361,8 @@ def _loop(run: TrainRun, trainer: DraftTrainer, train_set: list, holdout: list, 
         bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.3f}", tau=f"{stats['tau_est']:.2f}")
         for f in logs:
-            f.write(json.dumps({"step": trainer.step, "response_tokens_this_run": seen, **stats}) + "\n")
+            row = {"step": trainer.step, "response_tokens_this_run": trainer.response_tokens_seen, **stats}
+            f.write(json.dumps(row) + "\n")
             f.flush()
         if rank == 0 and (trainer.step % run.save_every == 0 or trainer.step == run.steps):
             save_checkpoint(trainer, ckpt)

@@ -129,6 +129,7 @@ class DraftTrainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.step = 0
+        self.response_tokens_seen = 0  # loss-masked tokens of every batch so far, kept by checkpoints
         self.cache_features = cache_features
         self.feature_cache: dict[object, torch.Tensor] = {}
         self.store = store  # training.data.FeatureStore or None
@@ -336,6 +337,7 @@ class DraftTrainer:
         self.opt.step()
         self.sched.step()
         self.step += 1
+        self.response_tokens_seen += sum(int(m.sum()) for _, m in batch)
         stats = {"loss": loss, "tau_est": sum(accs) / len(accs) if accs else float("nan"),
                  "grad_norm": float(gnorm), "lr": float(self.sched.get_last_lr()[0])}
         if self.cfg.anchors == "on-policy":
@@ -345,7 +347,7 @@ class DraftTrainer:
     def state_dict(self) -> dict:
         return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(),
                 "sched": self.sched.state_dict(), "gen": self.gen.get_state(), "step": self.step,
-                "cfg": asdict(self.cfg)}
+                "response_tokens_seen": self.response_tokens_seen, "cfg": asdict(self.cfg)}
 
     def load_state_dict(self, state: dict) -> None:
         self.draft.load_state_dict(state["draft"])
@@ -359,4 +361,5 @@ class DraftTrainer:
             g["lr"] = self.cfg.lr * f(self.sched.last_epoch)
         self.gen.set_state(state["gen"])
         self.step = int(state["step"])
+        self.response_tokens_seen = int(state.get("response_tokens_seen", 0))  # 0: a checkpoint from before 2026-12-03
         self._index_labels()  # the checkpoint's draft vocabulary (d2t), not the one this run chose
