@@ -75,7 +75,8 @@ def add_parser(sub: Any) -> None:
                         "only. Computed from the deepest tap through the target's remaining layers")
     t.add_argument("--max-len", type=int_at_least(2), default=512)
     t.add_argument("--no-bf16-autocast", dest="bf16_autocast", action="store_false",
-                   help="train in fp32 (bf16 autocast measured ~15%% faster per step on the CPU box)")
+                   help="train in fp32 (fp32 steps measured ~15%% slower than bf16 autocast on the Xeon box, "
+                        "1.4-1.6x as long on the AMD EPYC box: docs/TRAINING.md)")
     t.add_argument("--save-every", type=int_at_least(1), default=100)
     t.add_argument("--eval-every", type=int_at_least(1), default=100)
     t.add_argument("--holdout", type=int_at_least(0), default=48, help="held-out samples for the tau estimate")
