@@ -288,3 +288,29 @@ def test_a_directory_from_before_the_record_is_checked_before_it_is_recorded(tmp
     assert not (big / D.MANIFEST).exists()
     D.check_data_target(fits, model, tok, write=True)
     assert json.loads((fits / D.MANIFEST).read_text())["vocab_size"] == 64
+
+
+def test_online_features_train_as_cached_ones_do_and_write_nothing(tmp_path):
+    """--online-features (the GPU run's mode): each step runs the target for its taps, no feature is
+    written, and the run follows one on cached features (the same taps, rounded to bf16 on disk)."""
+    model, tok = taught_target("llama"), char_tokenizer()
+    data, model_dir = tmp_path / "data", tmp_path / "target"
+    D.generate_dataset(model, tok, data, "math:1", 2, max_new_tokens=12, batch_size=3)
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    base = dict(data=str(data), target=str(model_dir), layers=1, block_size=4, steps=4, batch_size=2,
+                blocks_per_seq=3, holdout=2, holdout_shards="shard-00000", mask_token_id=MASK, warmup_steps=1,
+                eval_every=2, save_every=2, eval_block_sizes="2")
+    train(TrainRun(out=str(tmp_path / "online"), online_features=True, **base))
+    assert not (data / "features").exists()
+    train(TrainRun(out=str(tmp_path / "cached"), **base))
+    assert len(list((data / "features").iterdir())) == 1  # the cached run wrote its taps
+    online, cached = ([json.loads(line) for line in (tmp_path / r / "train_log.jsonl").read_text().splitlines()]
+                      for r in ("online", "cached"))
+    assert len(online) == len(cached) == 5
+    # bf16 autocast rounds the draft's inputs to bf16, which is what the cache stores: the same run
+    for a, b in zip(online[1:], cached[1:], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=0)
+    assert online[0]["step0_holdout_tau_est"] == pytest.approx(cached[0]["step0_holdout_tau_est"], rel=1e-6)
+    for key in ("holdout_tau_est", "holdout_tau_chain_b2"):
+        assert online[-1][key] == pytest.approx(cached[-1][key], rel=1e-6)

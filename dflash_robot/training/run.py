@@ -4,8 +4,11 @@
 
 The target is loaded only for what the draft borrows from it (embedding table, lm_head) and
 for features that are not on disk yet (`ensure_features`, run once per shard). Each step costs
-only the draft. The checkpoint (`checkpoint.pt`) holds tensors and plain values only and is
-read with `torch.load(weights_only=True)`.
+only the draft. With `online_features` nothing is cached: each step runs the target on its
+sequences (`DraftTrainer.features`), which suits a GPU, where that forward is cheap and the cache
+of a large data set (~110 MB a shard for SmolLM2's 5 taps) would not fit the disk.
+The checkpoint (`checkpoint.pt`) holds tensors and plain values only and is read with
+`torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class TrainRun:
     max_len: int = 512
     bf16_autocast: bool = True
     cache_features: bool = False
+    online_features: bool = False  # taps from one no-grad target forward per sequence and step; none on disk
     save_every: int = 100
     eval_every: int = 100
     holdout: int = 48
@@ -306,12 +310,14 @@ def train(run: TrainRun) -> Path:
     if not train_set:
         raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
     draft, info = _make_draft(run, model, tok, train_set)
-    if rank == 0:
-        ensure_features(model, data_dir, draft.metadata.target_layer_ids,
-                        only={s[2][0] for s in train_set + holdout})
-    if world > 1:
-        dist.barrier()
-    store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
+    store = None  # online: DraftTrainer.features runs the target on each sequence as it steps
+    if not run.online_features:
+        if rank == 0:
+            ensure_features(model, data_dir, draft.metadata.target_layer_ids,
+                            only={s[2][0] for s in train_set + holdout})
+        if world > 1:
+            dist.barrier()
+        store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
     cfg = OptimConfig(lr=run.lr, warmup_steps=run.warmup_steps, total_steps=run.steps,
                       blocks_per_seq=run.blocks_per_seq, seed=run.seed + rank, bf16_autocast=run.bf16_autocast,
                       anchors=run.anchors, distill=run.distill)
