@@ -136,7 +136,7 @@ def batch_generate(model: Any, tok: Any, texts: list[str], max_new: int, tempera
                    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor | None, int]:
     """-> (prompt ids per row, response ids per row (cut after a stop token), features [B, T, F]
     or None, left-pad width P). Row i's prompt occupies feature columns P - len(prompt_i) .. P."""
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     torch.manual_seed(seed)
     out = model.generate(**enc, max_new_tokens=max_new, do_sample=temperature > 0,
                          temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
@@ -218,7 +218,7 @@ def taps_dir(data_dir: Path, layer_ids: Sequence[int]) -> Path:
 def _save_features(path: Path, feats: torch.Tensor) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npy")
-    np.save(tmp, feats.contiguous().view(torch.uint16).numpy())
+    np.save(tmp, feats.cpu().contiguous().view(torch.uint16).numpy())
     tmp.replace(path)
 
 

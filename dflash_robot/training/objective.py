@@ -36,7 +36,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_blocks: int, generator: torch.Ge
     if cand.numel() == 0:
         return cand
     n = min(num_blocks, cand.numel())
-    pick = torch.randperm(cand.numel(), generator=generator, device=cand.device)[:n]
+    pick = torch.randperm(cand.numel(), generator=generator)[:n].to(cand.device)  # generator: a CPU one
     return cand[pick].sort().values
 
 

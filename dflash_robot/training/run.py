@@ -310,6 +310,7 @@ def train(run: TrainRun) -> Path:
     if not train_set:
         raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
     draft, info = _make_draft(run, model, tok, train_set)
+    draft = draft.to(model.device)  # built on the CPU; the trainer computes where the target does
     store = None  # online: DraftTrainer.features runs the target on each sequence as it steps
     if not run.online_features:
         if rank == 0:

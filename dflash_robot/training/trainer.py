@@ -151,8 +151,18 @@ class DraftTrainer:
         ids = self.draft.vocab_ids
         self.label_index = None
         if ids is not None:
-            self.label_index = torch.full((self.embed.shape[0],), -1, dtype=torch.long)
-            self.label_index[ids.cpu()] = torch.arange(ids.shape[0])
+            dev = self.device
+            self.label_index = torch.full((self.embed.shape[0],), -1, dtype=torch.long, device=dev)
+            self.label_index[ids.to(dev)] = torch.arange(ids.shape[0], device=dev)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the draft (and the target, which `train` loads first) computes."""
+        return self.draft.fc.weight.device
+
+    def _on_device(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples are read into CPU tensors; every entry point moves them (a no-op on the CPU)."""
+        return input_ids.to(self.device), loss_mask.to(self.device)
 
     def features(self, input_ids: torch.Tensor, key: object | None) -> torch.Tensor:
         """Target features of a sequence, from the in-memory cache when `key` was seen before."""
@@ -161,7 +171,7 @@ class DraftTrainer:
         if self.store is not None and isinstance(key, tuple) and len(key) == 3:
             stored = self.store.get(*key)
             if stored is not None:
-                return stored.to(self.draft.fc.weight.dtype)
+                return stored.to(self.device, self.draft.fc.weight.dtype)
         feats = target_features(self.target, input_ids, self.draft.metadata.target_layer_ids)
         if key is not None and self.cache_features:
             self.feature_cache[key] = feats
@@ -178,6 +188,7 @@ class DraftTrainer:
         `blocks_per_seq`. Decoding starts its blocks right after a miss, positions the uniform
         draw under-represents."""
         meta = self.draft.metadata
+        input_ids, loss_mask = self._on_device(input_ids, loss_mask)
         anchors = objective.sample_anchors(loss_mask, self.cfg.blocks_per_seq, self.gen).to(input_ids.device)
         if self.cfg.anchors == "on-policy" and anchors.numel():
             nxt = self.successors(input_ids, loss_mask, anchors, key)
@@ -189,7 +200,7 @@ class DraftTrainer:
         ids, pos, labels, weights = objective.block_inputs(
             input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay)
         if self.label_index is not None:  # columns of the draft vocabulary; outside it: no loss
-            cols = self.label_index.to(labels.device)[labels]
+            cols = self.label_index[labels]
             weights = weights * (cols >= 0)
             labels = cols.clamp(min=0)
         return anchors, ids, pos, labels, weights
@@ -202,6 +213,7 @@ class DraftTrainer:
         (the loss is then the hard-label one): for callers that want only the acceptance."""
         meta = self.draft.metadata
         q = meta.training_block_size
+        input_ids, loss_mask = self._on_device(input_ids, loss_mask)
         anchors, ids, pos, labels, weights = blocks if blocks is not None else self.blocks(input_ids, loss_mask, key)
         if anchors.numel() == 0:
             zero = self.draft.fc.weight.sum() * 0
@@ -211,7 +223,7 @@ class DraftTrainer:
         n_kept = kept.numel()
         rows = pad_rows(kept, self.shape_quantum, fill=kept[:1])  # repeats of a kept row, weighted 0
         row_w = torch.cat([weights[kept], weights.new_zeros(rows.numel() - n_kept)])
-        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.block_states(self.module, feats, ids, pos, anchors, q)
             logits = self.draft.logits(hidden[rows], self.head)
         if self.teacher is not None and soft_labels:
@@ -274,6 +286,7 @@ class DraftTrainer:
         q = block_size or meta.training_block_size
         if not 2 <= q <= meta.training_block_size:
             raise ValueError(f"block size {q}: from 2 to the training block size ({meta.training_block_size})")
+        input_ids, loss_mask = self._on_device(input_ids, loss_mask)
         resp = torch.nonzero(loss_mask, as_tuple=True)[0]
         if resp.numel() < 2:
             return None
@@ -291,6 +304,7 @@ class DraftTrainer:
                    key: object | None = None) -> torch.Tensor:
         """Where greedy chain decoding with this draft starts its next block after a block at each
         of `anchors` (sorted, distinct; `objective.successor_anchors`)."""
+        input_ids, loss_mask = self._on_device(input_ids, loss_mask)
         runs = self.block_runs(input_ids, loss_mask, self.features(input_ids, key), anchors,
                                self.draft.metadata.training_block_size)
         return objective.successor_anchors(anchors, runs, loss_mask)
@@ -306,11 +320,11 @@ class DraftTrainer:
         anchors = pad_rows(anchors, max(1, self.shape_quantum // 4), fill=anchors[-1:])
         ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
                                                      meta.loss_decay)
-        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.block_states(self.draft, feats, ids, pos, anchors, q)  # not the DDP wrapper
             pred = self.draft.logits(hidden, self.head).argmax(-1)
         if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
-            labels = self.label_index.to(labels.device)[labels]
+            labels = self.label_index[labels]
         inside = pos < n
         ok = (pred == labels) & inside & loss_mask[pos.clamp(max=n - 1)]
         return ok.view(-1, q)[:n_a, 1:].to(torch.long).cumprod(dim=1).sum(dim=1)
