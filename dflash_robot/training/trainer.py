@@ -335,7 +335,7 @@ class DraftTrainer:
 
         `keys` (one per sequence) enable the in-memory feature cache."""
         self.opt.zero_grad(set_to_none=True)
-        batch = list(batch)
+        batch = [self._on_device(ids, m) for ids, m in batch]  # once: `blocks` and `sequence_loss` reuse them
         self._drawn = [0, 0]
         # the loss is the batch's weighted mean CE: its normaliser is known before any forward
         plans = [self.blocks(ids, m, None if keys is None else keys[k]) for k, (ids, m) in enumerate(batch)]
