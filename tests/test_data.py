@@ -140,6 +140,36 @@ def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):
             train(TrainRun(**{**bad, **change}))
 
 
+def test_a_grown_draft_vocabulary_keeps_the_init_drafts_tokens_and_adds_the_most_frequent(tmp_path):
+    """`--draft-vocab N` above the --init draft's keeps every token that draft covers and adds the
+    most frequent other response tokens of the pool (all the data not held out), not of the
+    shards a stage selects."""
+    from dflash_robot.drafts.checkpoint import save_draft
+    from dflash_robot.drafts.model import build_draft
+    from dflash_robot.training.run import _make_draft
+
+    model, tok = taught_target("llama"), char_tokenizer()
+    src = build_draft(model.config, 1, 8, MASK, draft_vocab_size=4)
+    src.set_vocab(torch.tensor([5, 6, 7, 8]))
+    save_draft(src, tmp_path / "src")
+
+    def sample(*runs):  # (token, count) runs -> one sample, its first token the prompt
+        ids = torch.tensor([1] + [t for t, n in runs for _ in range(n)])
+        return ids, torch.arange(len(ids)) > 0, ("shard-00000", 0, len(ids))
+    pool = [sample((20, 10), (21, 8)), sample((22, 6), (23, 4), (5, 1))]
+    train = [sample((30, 50), (23, 2))]  # a stage's selection: 30 is frequent here only
+    run = TrainRun(out=str(tmp_path / "run"), data="unused", init=f"draft:{tmp_path / 'src'}", layers=1,
+                   block_size=8, draft_vocab=7, mask_token_id=MASK)
+    draft, info = _make_draft(run, model, tok, train, pool)
+    assert sorted(draft.vocab_ids.tolist()) == [5, 6, 7, 8, 20, 21, 22]
+    assert info["draft_vocab_grown_from"] == 4
+    # a vocabulary as large as the init draft's is that draft's; a new one ranks the pool alone
+    same, _ = _make_draft(TrainRun(**{**vars(run), "draft_vocab": 4}), model, tok, train, pool)
+    assert sorted(same.vocab_ids.tolist()) == [5, 6, 7, 8]
+    fresh, _ = _make_draft(TrainRun(**{**vars(run), "init": "random"}), model, tok, train, pool)
+    assert sorted(fresh.vocab_ids.tolist())[2:] == [5, 20, 21, 22, 23] and 30 not in fresh.vocab_ids.tolist()
+
+
 @pytest.mark.parametrize("change,msg", [
     (dict(init="targt"), "--init must be random, target or draft:PATH, got 'targt'"),
     (dict(init="draft:/no/such/draft"), "--init draft:/no/such/draft: /no/such/draft does not exist"),

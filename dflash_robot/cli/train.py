@@ -58,8 +58,9 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token, else its last "
                                                      "special token that the chat template does not use")
     t.add_argument("--draft-vocab", type=int_at_least(0),
-                   help="draft head size N: the N most frequent response tokens (0 = full vocabulary; "
-                        "default: the --init draft's, else full)")
+                   help="draft head size N: the N most frequent response tokens of the data not held out "
+                        "(0 = full vocabulary; default: the --init draft's, else full); above the --init "
+                        "draft's, its tokens stay and the most frequent others are added")
     t.add_argument("--steps", type=int_at_least(1), default=2000)
     t.add_argument("--batch-size", type=int_at_least(1), default=4, help="sequences per optimiser step")
     t.add_argument("--lr", type=float, default=6e-4)

@@ -231,7 +231,13 @@ def evaluation_samples(data: str, train_samples: int, seed: int = 0) -> tuple[li
     return hold, random.Random(seed).sample(train, min(train_samples, len(train)))
 
 
-def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlashDraft, dict]:
+def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list | None = None
+                ) -> tuple[DFlashDraft, dict]:
+    """The draft a run starts from. A draft vocabulary is chosen by response-token frequency over
+    `pool` (every sample not held out, whatever `--train-shards` selects: the frequencies are the
+    target's, not a stage's), else over `train`. Grown from an --init draft's smaller vocabulary,
+    it keeps all of that draft's tokens and adds the most frequent others: the rows the draft was
+    trained on stay, and the head (the target's own rows) gains those it could never propose."""
     from dflash_robot.targets.loading import parse_dtype
 
     mask = run.mask_token_id if run.mask_token_id is not None else choose_mask_token(tok)
@@ -241,6 +247,8 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlas
     vocab_n = vocab_n or None  # 0 -> the full vocabulary
     order, coverage = token_coverage(train)
     info: dict[str, Any] = {"response_token_coverage": coverage}
+    if pool is not None and pool is not train:
+        order = token_coverage(pool)[0]
     torch.manual_seed(run.seed)
     taps = [int(x) for x in run.target_layers.split(",")] if run.target_layers else (
         list(src.metadata.target_layer_ids) if src is not None else None)
@@ -254,10 +262,16 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list) -> tuple[DFlas
         src_ids = src.vocab_ids if src is not None else None
         if src_ids is not None and src_ids.numel() == vocab_n:
             ids = src_ids
-        else:  # the most frequent response tokens, topped up with the lowest unused ids
-            top = set(order[:vocab_n])
+        else:  # the most frequent response tokens (after the --init draft's own when it grows),
+            # topped up with the lowest unused ids
+            kept = src_ids.tolist() if src_ids is not None and src_ids.numel() < vocab_n else []
+            have = set(kept)
+            ranked = kept + [t for t in order if t not in have]
+            top = set(ranked[:vocab_n])
             extra = [t for t in range(model.config.vocab_size) if t not in top]
-            ids = torch.tensor((order[:vocab_n] + extra)[:vocab_n])
+            ids = torch.tensor((ranked[:vocab_n] + extra)[:vocab_n])
+            if kept:
+                info["draft_vocab_grown_from"] = len(kept)
         draft.set_vocab(ids)
         info["draft_vocab_coverage"] = _covered(train, draft)
     notes = initialise(draft, model, run.init)
@@ -301,6 +315,7 @@ def train(run: TrainRun) -> Path:
 
     pack_linears(model)  # the target is frozen: its no-grad forwards use packed linears
     holdout, train_set = split_holdout(samples, run)
+    pool = train_set  # every sample not held out: what a new draft vocabulary is chosen over
     if run.train_shards:
         selected = shard_selection(run.train_shards, [p.stem for p in shard_paths(data_dir)])
         train_set = [s for s in train_set if selected(s[2][0])]
@@ -309,7 +324,7 @@ def train(run: TrainRun) -> Path:
                               "shards (held-out samples excluded)")
     if not train_set:
         raise ConfigError(f"{data_dir}: no training samples left after holding out {len(holdout)}")
-    draft, info = _make_draft(run, model, tok, train_set)
+    draft, info = _make_draft(run, model, tok, train_set, pool)
     draft = draft.to(model.device)  # built on the CPU; the trainer computes where the target does
     store = None  # online: DraftTrainer.features runs the target on each sequence as it steps
     if not run.online_features:
