@@ -42,22 +42,23 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   nvidia-smi --query-gpu=name,memory.used --format=csv
   mkdir -p runs/gpu && cp -r data/smollm2-selfdistill runs/gpu/data
   # 1) more self-distilled data (batched generation should be fast on the GPU),
-  # 2) a run continuing the shipped draft (stage 16: 2.432 held-out chain tau at block 16, stage 14's
-  #    within the replay's noise, and ahead of it on the bench prompts), at batch 32, 8x the CPU runs'.
+  # 2) a run continuing the shipped draft (stage 18: 2.476 held-out chain tau at block 16), at batch 32,
+  #    8x the CPU runs'.
   G="$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf"
   # --shards counts shard-00000 on, so ask for more than the committed ones (the time limit stops it)
   have=$(find runs/gpu/data -maxdepth 1 -name 'shard-[0-9]*.npz' ! -name '*.tmp.npz' | wc -l)
   # no features on disk (--feature-layers none, --online-features): cached taps take ~110 MB a shard of 64
   # samples, ~85 GB for the 754 committed shards alone, more than the device's 64 GiB disk; on a GPU
   # the target forward that computes them in each step should cost little next to the draft's step.
-  # The schedule is a guess (step time on the GPU never measured): 600 steps of batch 32 at 1e-4 (stages
-  # 14 and 15's, the last that gained on the CPU), saved every 50 so the 300 s limit leaves a draft
+  # The schedule is a guess (step time on the GPU never measured): 600 steps of batch 32 at 1e-4 (stage
+  # 18's, which gained on the CPU; its 300 warm-up steps of 4 sequences avoided the restart's dip: 100 of 32
+  # here), saved every 50 so the 300 s limit leaves a draft
   timeout 240 python3 -m dflash_robot.cli data --target "$G" --device cuda --dtype bfloat16 --out runs/gpu/data \
       --shards $((have + 1000)) --batch-size 256 --max-new-tokens 256 --feature-layers none \
       || echo "data stopped by the time limit"
   timeout 300 python3 -m dflash_robot.cli train --target "$G" --device cuda --data runs/gpu/data --out runs/gpu \
       --init draft:dflash_robot/drafts/smollm2-135m-instruct --layers 5 --draft-vocab 8192 --online-features \
-      --steps 600 --batch-size 32 --lr 1e-4 --warmup-steps 20 --blocks-per-seq 64 --save-every 50 \
+      --steps 600 --batch-size 32 --lr 1e-4 --warmup-steps 100 --blocks-per-seq 64 --save-every 50 \
       --eval-every 150 --eval-block-sizes 4,16 \
       || echo "training stopped by the time limit"
   mkdir -p "$OUT/draft" && cp runs/gpu/draft/* "$OUT/draft/" && cp runs/gpu/train_log.jsonl "$OUT/"
