@@ -247,8 +247,6 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list | N
     vocab_n = vocab_n or None  # 0 -> the full vocabulary
     order, coverage = token_coverage(train)
     info: dict[str, Any] = {"response_token_coverage": coverage}
-    if pool is not None and pool is not train:
-        order = token_coverage(pool)[0]
     torch.manual_seed(run.seed)
     taps = [int(x) for x in run.target_layers.split(",")] if run.target_layers else (
         list(src.metadata.target_layer_ids) if src is not None else None)
@@ -264,6 +262,8 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list | N
             ids = src_ids
         else:  # the most frequent response tokens (after the --init draft's own when it grows),
             # topped up with the lowest unused ids
+            if pool is not None and pool is not train:  # counted only when a vocabulary is chosen
+                order = token_coverage(pool)[0]
             kept = src_ids.tolist() if src_ids is not None and src_ids.numel() < vocab_n else []
             have = set(kept)
             ranked = kept + [t for t in order if t not in have]
