@@ -231,13 +231,13 @@ def evaluation_samples(data: str, train_samples: int, seed: int = 0) -> tuple[li
     return hold, random.Random(seed).sample(train, min(train_samples, len(train)))
 
 
-def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list | None = None
-                ) -> tuple[DFlashDraft, dict]:
+def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list) -> tuple[DFlashDraft, dict]:
     """The draft a run starts from. A draft vocabulary is chosen by response-token frequency over
     `pool` (every sample not held out, whatever `--train-shards` selects: the frequencies are the
-    target's, not a stage's), else over `train`. Grown from an --init draft's smaller vocabulary,
-    it keeps all of that draft's tokens and adds the most frequent others: the rows the draft was
-    trained on stay, and the head (the target's own rows) gains those it could never propose."""
+    target's, not a stage's); the logged coverage is of `train`. Grown from an --init draft's smaller
+    vocabulary, it keeps all of that draft's tokens and adds the most frequent others: the rows the
+    draft was trained on stay, and the head (the target's own rows) gains those it could never
+    propose."""
     from dflash_robot.targets.loading import parse_dtype
 
     mask = run.mask_token_id if run.mask_token_id is not None else choose_mask_token(tok)
@@ -262,7 +262,7 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list | N
             ids = src_ids
         else:  # the most frequent response tokens (after the --init draft's own when it grows),
             # topped up with the lowest unused ids
-            if pool is not None and pool is not train:  # counted only when a vocabulary is chosen
+            if pool is not train:  # counted only when a vocabulary is chosen (`order` is train's)
                 order = token_coverage(pool)[0]
             kept = src_ids.tolist() if src_ids is not None and src_ids.numel() < vocab_n else []
             have = set(kept)
