@@ -16,7 +16,9 @@ precision `DFlashRuntime.load` would give it). For each prompt every (draft, blo
 made, in an order that rotates from one prompt to the next, so drift on a shared box reaches every
 run alike. Block size 1 is the target alone (no draft): it is run once per prompt, as
 "autoregressive", in the same rotation. `--repeats N` runs every prompt N times per run (tok/s
-over all of them; greedy τ does not change).
+over all of them; greedy τ does not change). For a draft with a draft vocabulary (`t2d`), "in_vocab"
+is the share of the tokens its runs produced that the vocabulary holds: a token outside it is one the
+draft can never propose, so 1 - in_vocab bounds what the vocabulary costs.
 """
 
 from __future__ import annotations
@@ -59,13 +61,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load()
     orchestrators = {"autoregressive": rt.orchestrator}
+    vocab: dict[str, torch.Tensor | None] = {"autoregressive": None}
     for n, d in drafts.items():
         precision = n.split("@")[1] if "@" in n else None
         if d is None and precision is None:
             orchestrators[n] = rt.orchestrator
+            vocab[n] = getattr(rt.draft, "t2d", None)
             continue
         d = rt.draft if d is None else d
         assert d is not None
+        vocab[n] = getattr(d, "t2d", None)
         check_compatible(d, rt.target)
         prop = DFlashProposer(d, rt.target.input_embedding_weight(), rt.target.output_head(),
                               precision=precision or draft_precision(rt.info["precision"], d))
@@ -83,6 +88,7 @@ def main() -> None:
         acc: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
         toks = dict.fromkeys(runs, 0)
         secs = dict.fromkeys(runs, 0.0)
+        made: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
         for k, (ids, seed) in enumerate(jobs):
             for n, q in runs[k % len(runs):] + runs[:k % len(runs)]:
                 r = orchestrators[n].generate(ids, GenerationConfig(args.max_new_tokens, q, sampling,
@@ -90,12 +96,16 @@ def main() -> None:
                 acc[n, q] += r.acceptance_lengths
                 toks[n, q] += len(r.token_ids) - 1
                 secs[n, q] += r.decode_s
+                made[n, q] += r.token_ids
         for n, q in runs:
             a = acc[n, q]
             rows.append({"draft": n, "dataset": ds, "block_size": q, "temperature": args.temperature,
                          "tau": round(sum(a) / len(a), 3) if a else None,
                          "tok_s": round(toks[n, q] / secs[n, q], 1) if secs[n, q] > 0 else None,
                          "repeats": args.repeats})
+            t2d = vocab[n]
+            if t2d is not None and made[n, q]:
+                rows[-1]["in_vocab"] = round(t2d.cpu()[torch.tensor(made[n, q])].float().mean().item(), 4)
             print(json.dumps(rows[-1]), flush=True)
 
 if __name__ == "__main__":
