@@ -64,13 +64,12 @@ def main() -> None:
     vocab: dict[str, torch.Tensor | None] = {"autoregressive": None}
     for n, d in drafts.items():
         precision = n.split("@")[1] if "@" in n else None
+        vocab[n] = getattr(rt.draft if d is None else d, "t2d", None)  # [V] bool, or None: the full head
         if d is None and precision is None:
             orchestrators[n] = rt.orchestrator
-            vocab[n] = getattr(rt.draft, "t2d", None)
             continue
         d = rt.draft if d is None else d
         assert d is not None
-        vocab[n] = getattr(d, "t2d", None)
         check_compatible(d, rt.target)
         prop = DFlashProposer(d, rt.target.input_embedding_weight(), rt.target.output_head(),
                               precision=precision or draft_precision(rt.info["precision"], d))
