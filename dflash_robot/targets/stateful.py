@@ -220,8 +220,9 @@ class StatefulTargetAdapter(HFTargetAdapter):
         layers: list[Any] = list(self._cache.layers)
         for i, layer in enumerate(layers):
             linear = i in self._linear_idx
-            if (linear and self.rollback_strategy == "capture") or (
-                    not linear and isinstance(layer, DynamicSlidingWindowLayer)):
+            if linear and self.rollback_strategy == "capture":
+                _record_conv_inputs(layer)
+            elif not linear and isinstance(layer, DynamicSlidingWindowLayer):
                 layer.activate_past_recording()
         self._len = 0
 
@@ -344,7 +345,31 @@ def _crop_layer(layer: Any, removed: int, linear: bool) -> None:
     if isinstance(layer, DynamicLayer) and layer.is_initialized:
         DynamicLayer.crop(layer, -removed)
     if linear and isinstance(layer, LinearAttentionCacheLayerMixin) and _initialised(layer):
-        LinearAttentionCacheLayerMixin.crop(layer, -removed)
+        _crop_conv_inputs(layer, removed)
+
+
+def _record_conv_inputs(layer: Any) -> None:
+    """Have a linear layer keep its conv inputs until the next crop. transformers >= 5.25 can
+    also keep per-position recurrent states itself (`recurrent_states_to_keep`); the capture
+    steps its own kernels, so it asks for none, which also keeps the layer's forward on the
+    code path 5.24 runs."""
+    if "recurrent_states_to_keep" in inspect.signature(layer.activate_past_recording).parameters:
+        layer.activate_past_recording(recurrent_states_to_keep=0)
+    else:
+        layer.activate_past_recording()
+
+
+def _crop_conv_inputs(layer: Any, removed: int) -> None:
+    """Drop the last `removed` recorded conv inputs of a linear layer and keep the window
+    its next forward reads. Only the conv side: the capture restores the recurrent state
+    itself, which transformers' own crop would overwrite from a history it never filled."""
+    for s in range(layer.number_of_states):
+        if layer.is_conv_states_initialized[s]:
+            k = layer.conv_kernel_size[s]
+            layer.conv_states[s] = layer.conv_states[s][..., -removed - k:-removed]
+    length = getattr(layer, "cumulative_length_linear", None)  # transformers >= 5.25 counts tokens
+    if isinstance(length, torch.Tensor):
+        length.sub_(removed)
 
 
 def _initialised(layer: Any) -> bool:
@@ -354,11 +379,32 @@ def _initialised(layer: Any) -> bool:
 
 
 def _module_updates_recurrent(module_name: str) -> bool:
-    """Whether any module class defined in `module_name` writes a recurrent state."""
+    """Whether any function or method defined in `module_name` writes a recurrent state.
+    transformers 5.25 moved some mixers' bodies into module-level functions, which its
+    kernel hub wraps in a callable module object whose `forward` closes over the function,
+    so closures are followed too."""
     mod = sys.modules.get(module_name)
+    seen: set[int] = set()
+
+    def writes(f: Any) -> bool:
+        f = inspect.unwrap(f)
+        if id(f) in seen:
+            return False
+        seen.add(id(f))
+        code = getattr(f, "__code__", None)
+        if code is None:
+            return False
+        if "update_recurrent_state" in code.co_names:
+            return True
+        cells = [c.cell_contents for c in (f.__closure__ or ()) if c.cell_contents is not None]
+        return any(writes(c) for c in cells if callable(c) and not isinstance(c, type))
+
     for obj in getattr(mod, "__dict__", {}).values():
-        fwd = getattr(obj, "forward", None) if isinstance(obj, type) else None
-        code = getattr(inspect.unwrap(fwd), "__code__", None) if fwd is not None else None
-        if code is not None and "update_recurrent_state" in code.co_names:
+        if getattr(obj, "__module__", None) != module_name or not callable(obj):
+            continue
+        owner = obj if isinstance(obj, type) else None if hasattr(inspect.unwrap(obj), "__code__") \
+            else type(obj)
+        members = list(vars(owner).values()) if owner is not None else [obj]
+        if any(writes(m) for m in members if callable(m)):
             return True
     return False
