@@ -363,6 +363,8 @@ def _crop_conv_inputs(layer: Any, removed: int) -> None:
     """Drop the last `removed` recorded conv inputs of a linear layer and keep the window
     its next forward reads. Only the conv side: the capture restores the recurrent state
     itself, which transformers' own crop would overwrite from a history it never filled."""
+    if removed <= 0:
+        raise ValueError(f"a conv crop removes at least one token, got {removed}")
     for s in range(layer.number_of_states):
         if layer.is_conv_states_initialized[s]:
             k = layer.conv_kernel_size[s]
@@ -396,8 +398,7 @@ def _module_updates_recurrent(module_name: str) -> bool:
             return False
         if "update_recurrent_state" in code.co_names:
             return True
-        cells = [c.cell_contents for c in (f.__closure__ or ()) if c.cell_contents is not None]
-        return any(writes(c) for c in cells if callable(c) and not isinstance(c, type))
+        return any(writes(c) for c in _closure_values(f) if callable(c) and not isinstance(c, type))
 
     for obj in getattr(mod, "__dict__", {}).values():
         if getattr(obj, "__module__", None) != module_name or not callable(obj):
@@ -408,3 +409,13 @@ def _module_updates_recurrent(module_name: str) -> bool:
         if any(writes(m) for m in members if callable(m)):
             return True
     return False
+
+
+def _closure_values(f: Any) -> list[Any]:
+    values = []
+    for cell in getattr(f, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # a cell not yet bound
+            continue
+    return values
