@@ -48,7 +48,7 @@ train)  # call 2: reassemble, install, generate more data on the GPU, train, han
   # --shards counts shard-00000 on, so ask for more than the committed ones (the time limit stops it)
   have=$(find runs/gpu/data -maxdepth 1 -name 'shard-[0-9]*.npz' ! -name '*.tmp.npz' | wc -l)
   # no features on disk (--feature-layers none, --online-features): cached taps take ~110 MB a shard of 64
-  # samples, ~90 GB for the 822 committed shards alone, more than the device's 64 GiB disk; on a GPU
+  # samples, ~99 GB for the 900 committed shards alone, more than the device's 64 GiB disk; on a GPU
   # the target forward that computes them in each step should cost little next to the draft's step.
   # The schedule is a guess (step time on the GPU never measured): 600 steps of batch 32 at 1e-4 (stage
   # 18's, which gained on the CPU; its 300 warm-up steps of 4 sequences avoided the restart's dip: 100 of 32
