@@ -403,10 +403,13 @@ def _module_updates_recurrent(module_name: str) -> bool:
     for obj in getattr(mod, "__dict__", {}).values():
         if getattr(obj, "__module__", None) != module_name or not callable(obj):
             continue
-        owner = obj if isinstance(obj, type) else None if hasattr(inspect.unwrap(obj), "__code__") \
-            else type(obj)
-        members = list(vars(owner).values()) if owner is not None else [obj]
-        if any(writes(m) for m in members if callable(m)):
+        if isinstance(obj, type):
+            members = list(vars(obj).values())
+        elif hasattr(inspect.unwrap(obj), "__code__"):
+            members = [obj]
+        else:  # a callable object, such as the kernel hub's wrapper: read its class
+            members = list(vars(type(obj)).values())
+        if any(writes(m) for m in members):
             return True
     return False
 
