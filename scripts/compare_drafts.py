@@ -18,7 +18,8 @@ run alike. Block size 1 is the target alone (no draft): it is run once per promp
 "autoregressive", in the same rotation. `--repeats N` runs every prompt N times per run (tok/s
 over all of them; greedy τ does not change). For a draft with a draft vocabulary (`t2d`), "in_vocab"
 is the share of the tokens its runs produced that the vocabulary holds: a token outside it is one the
-draft can never propose, so 1 - in_vocab bounds what the vocabulary costs.
+draft can never propose, so 1 - in_vocab bounds what the vocabulary costs. A `prompt_vocab` draft also
+proposes each request's prompt tokens: "in_reach" is the share in the vocabulary or that prompt.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> None:
     rt = DFlashRuntime.load()
     orchestrators = {"autoregressive": rt.orchestrator}
     vocab: dict[str, torch.Tensor | None] = {"autoregressive": None}
+    prompt_vocab = {n: bool((rt.draft if d is None else d).metadata.prompt_vocab) for n, d in drafts.items()}
     for n, d in drafts.items():
         precision = n.split("@")[1] if "@" in n else None
         vocab[n] = getattr(rt.draft if d is None else d, "t2d", None)  # [V] bool, or None: the full head
@@ -88,6 +90,7 @@ def main() -> None:
         toks = dict.fromkeys(runs, 0)
         secs = dict.fromkeys(runs, 0.0)
         made: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
+        reach: dict[tuple[str, int], int] = dict.fromkeys(runs, 0)  # produced tokens in vocabulary or prompt
         for k, (ids, seed) in enumerate(jobs):
             for n, q in runs[k % len(runs):] + runs[:k % len(runs)]:
                 r = orchestrators[n].generate(ids, GenerationConfig(args.max_new_tokens, q, sampling,
@@ -96,6 +99,9 @@ def main() -> None:
                 toks[n, q] += len(r.token_ids) - 1
                 secs[n, q] += r.decode_s
                 made[n, q] += r.token_ids
+                if vocab[n] is not None:
+                    out = torch.tensor(r.token_ids)
+                    reach[n, q] += int((vocab[n].cpu()[out] | torch.isin(out, torch.tensor(ids))).sum())
         for n, q in runs:
             a = acc[n, q]
             rows.append({"draft": n, "dataset": ds, "block_size": q, "temperature": args.temperature,
@@ -105,6 +111,8 @@ def main() -> None:
             t2d = vocab[n]
             if t2d is not None and made[n, q]:
                 rows[-1]["in_vocab"] = round(t2d.cpu()[torch.tensor(made[n, q])].float().mean().item(), 4)
+                if prompt_vocab.get(n):
+                    rows[-1]["in_reach"] = round(reach[n, q] / len(made[n, q]), 4)
             print(json.dumps(rows[-1]), flush=True)
 
 if __name__ == "__main__":

@@ -170,6 +170,37 @@ def test_a_grown_draft_vocabulary_keeps_the_init_drafts_tokens_and_adds_the_most
     assert sorted(fresh.vocab_ids.tolist())[2:] == [5, 20, 21, 22, 23] and 30 not in fresh.vocab_ids.tolist()
 
 
+def test_prompt_vocab_is_set_inherited_and_refused_without_a_vocabulary(tmp_path):
+    """`--prompt-vocab` marks the draft; without the flag a run keeps its --init draft's setting,
+    `--no-prompt-vocab` clears it, and a draft without a vocabulary is refused."""
+    import dataclasses
+
+    from dflash_robot.drafts.checkpoint import save_draft
+    from dflash_robot.drafts.model import build_draft
+    from dflash_robot.training.run import _make_draft
+
+    model, tok = taught_target("llama"), char_tokenizer()
+    src = build_draft(model.config, 1, 8, MASK, draft_vocab_size=4)
+    src.set_vocab(torch.tensor([5, 6, 7, 8]))
+    src.metadata = dataclasses.replace(src.metadata, prompt_vocab=True)
+    save_draft(src, tmp_path / "src")
+    ids = torch.tensor([1, 5, 6, 20, 7])
+    pool = [(ids, torch.arange(5) > 0, ("shard-00000", 0, 5))]
+    run = TrainRun(out=str(tmp_path / "run"), data="unused", init=f"draft:{tmp_path / 'src'}", layers=1,
+                   block_size=8, mask_token_id=MASK)
+    for flag, want in ((None, True), (False, False), (True, True)):
+        draft, info = _make_draft(TrainRun(**{**vars(run), "prompt_vocab": flag}), model, tok, pool, pool)
+        assert draft.metadata.prompt_vocab is want
+        assert info["draft_vocab_coverage"] == 0.75  # 5, 6, 7 of 5, 6, 20, 7
+        assert info.get("prompt_vocab_coverage") == (0.75 if want else None)  # 20 is not in the prompt [1]
+    pool = [(torch.tensor([20, 5, 6, 20, 7]), torch.arange(5) > 0, ("shard-00000", 0, 5))]
+    assert _make_draft(run, model, tok, pool, pool)[1]["prompt_vocab_coverage"] == 1.0
+    with pytest.raises(ConfigError, match="--prompt-vocab needs a draft vocabulary"):
+        _make_draft(TrainRun(**{**vars(run), "init": "random", "prompt_vocab": True}), model, tok, pool, pool)
+    with pytest.raises(ConfigError, match="--draft-vocab 0 is the full vocabulary"):
+        train(TrainRun(**{**vars(run), "prompt_vocab": True, "draft_vocab": 0}))
+
+
 @pytest.mark.parametrize("change,msg", [
     (dict(init="targt"), "--init must be random, target or draft:PATH, got 'targt'"),
     (dict(init="draft:/no/such/draft"), "--init draft:/no/such/draft: /no/such/draft does not exist"),

@@ -61,6 +61,10 @@ def add_parser(sub: Any) -> None:
                    help="draft head size N: the N most frequent response tokens of the data not held out "
                         "(0 = full vocabulary; default: the --init draft's, else full); above the --init "
                         "draft's, its tokens stay and the most frequent others are added")
+    t.add_argument("--prompt-vocab", action=argparse.BooleanOptionalAction, default=None,
+                   help="with a draft vocabulary: train (and mark the draft to decode) with each prompt's tokens "
+                        "outside it as extra head columns, so the draft can propose words the target copies from "
+                        "the prompt (default: the --init draft's setting)")
     t.add_argument("--steps", type=int_at_least(1), default=2000)
     t.add_argument("--batch-size", type=int_at_least(1), default=4, help="sequences per optimiser step")
     t.add_argument("--lr", type=float, default=6e-4)

@@ -55,6 +55,7 @@ X_F64 = f"{X}.f64."  # + a llama.cpp F32 key: its exact value, when float32 woul
 X_VERSION, X_TRAIN_BLOCK, X_LOSS_DECAY, X_NUM_TARGET, X_EMB_SCALE, X_VOCAB, X_DTYPE, X_ROPE = (
     f"{X}.{k}" for k in ("format_version", "training_block_size", "loss_decay", "num_target_layers",
                          "input_embedding_scale", "draft_vocab_size", "torch_dtype", "rope_parameters"))
+X_PROMPT_VOCAB = f"{X}.prompt_vocab"  # bool: DraftMetadata.prompt_vocab
 
 # z-lab tensor name -> GGUF tensor name (llama.cpp's src/models/dflash.cpp, load_arch_tensors)
 _TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
@@ -192,6 +193,8 @@ def _write_keys(w: gguf.GGUFWriter, draft: DFlashDraft, outtype: str, src_dtype:
         w.add_float64(X_EMB_SCALE, float(meta.input_embedding_scale))
     if meta.draft_vocab_size is not None:
         w.add_uint32(X_VOCAB, int(meta.draft_vocab_size))
+    if meta.prompt_vocab:
+        w.add_bool(X_PROMPT_VOCAB, True)
 
 
 def _f32(v: Any) -> float:
@@ -323,6 +326,11 @@ def config_dict(fields: dict[str, Any], source: str, d2t_rows: int | None = None
         dflash["draft_vocab_size"] = get(X_VOCAB)
     elif d2t_rows is not None:
         dflash["draft_vocab_size"] = d2t_rows
+    if X_PROMPT_VOCAB in fields:
+        flag = fields[X_PROMPT_VOCAB]
+        if not isinstance(flag, bool):
+            raise DraftLoadError(f"{source}: GGUF key {X_PROMPT_VOCAB!r} must be a bool, got {flag!r}")
+        dflash["prompt_vocab"] = flag
     cfg.update(dflash_config=dflash, block_size=dflash["block_size"])
     if X_NUM_TARGET in fields:
         cfg["num_target_layers"] = get(X_NUM_TARGET)

@@ -49,6 +49,12 @@ def default_loss_decay(block_size: int) -> float:
     raise AssertionError("unreachable")
 
 
+def _flag(value: Any, name: str, source: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{source}: dflash_config.{name} must be true or false, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class DraftMetadata:
     """Everything a runtime needs to know about a draft beyond its transformer weights.
@@ -58,6 +64,9 @@ class DraftMetadata:
     draft_vocab_size (the draft's head covers only that many target tokens, listed by the
     EAGLE-3-style `d2t`/`t2d` tensors in the weights; see `DFlashDraft.vocab_ids`).
     Optional z-lab knobs: input_embedding_scale, output_multiplier, final_logit_softcapping.
+    prompt_vocab (ours, needs draft_vocab_size): for each request the head also covers the
+    prompt's tokens outside the draft vocabulary (the target head's rows for them, appended as
+    extra columns), as the draft was trained (`train --prompt-vocab`; docs/TRAINING.md, session 24).
     """
 
     block_size: int  # default run-time block size (z-lab's `block_size`)
@@ -71,6 +80,7 @@ class DraftMetadata:
     output_multiplier: float = 1.0  # draft logits multiplier
     final_logit_softcapping: float | None = None
     draft_vocab_size: int | None = None  # the draft head covers this many target tokens (d2t/t2d); None = all
+    prompt_vocab: bool = False  # the head also covers each request's prompt tokens outside the draft vocabulary
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.training_block_size < 1:
@@ -82,6 +92,9 @@ class DraftMetadata:
             raise ConfigError(f"mask_token_id must be >= 0, got {self.mask_token_id}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ConfigError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
+        if self.prompt_vocab and self.draft_vocab_size is None:
+            raise ConfigError("prompt_vocab needs a draft vocabulary (draft_vocab_size): a full-vocabulary "
+                              "head already covers every prompt token")
 
     @classmethod
     def from_config_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> DraftMetadata:
@@ -121,6 +134,7 @@ class DraftMetadata:
             output_multiplier=float(pick("output_multiplier", 1.0)),
             final_logit_softcapping=None if softcap is None else float(softcap),
             draft_vocab_size=None if pick("draft_vocab_size") is None else int(pick("draft_vocab_size")),
+            prompt_vocab=_flag(pick("prompt_vocab", False), "prompt_vocab", source),
         )
 
     def to_config_entries(self) -> dict[str, Any]:
@@ -140,6 +154,8 @@ class DraftMetadata:
             dflash["final_logit_softcapping"] = self.final_logit_softcapping
         if self.draft_vocab_size is not None:
             dflash["draft_vocab_size"] = self.draft_vocab_size
+        if self.prompt_vocab:
+            dflash["prompt_vocab"] = True
         return {"block_size": self.block_size, "num_target_layers": self.num_target_layers,
                 "dflash_config": dflash}
 

@@ -265,13 +265,27 @@ class DFlashDraft(nn.Module):
         self.t2d.zero_()
         self.t2d[ids] = True
 
-    def head_weight(self, head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The target head's (weight [N, H], bias [N] | None) restricted to the draft vocabulary."""
+    def prompt_extra(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:
+        """prompt_ids [P] -> the distinct prompt tokens outside the draft vocabulary, sorted [E]:
+        the extra head columns of a `prompt_vocab` draft for that request (None for any other
+        draft). A word problem's names and nouns are rare in training text and copied by the
+        target; a frequency-ranked vocabulary cannot hold them (docs/TRAINING.md, session 22)."""
+        if not self.metadata.prompt_vocab:
+            return None
+        ids = prompt_ids.to(self.t2d.device).unique()
+        return ids[~self.t2d[ids]]
+
+    def head_weight(self, head: nn.Module, extra: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target head's (weight [N, H], bias [N] | None) restricted to the draft vocabulary,
+        followed by the rows of `extra` target ids ([N + E, H]) when given."""
         w: torch.Tensor = head.weight  # type: ignore[assignment]
         b: torch.Tensor | None = getattr(head, "bias", None)
         ids = self.vocab_ids
         if ids is None:
             return w, b
+        if extra is not None:
+            ids = torch.cat([ids, extra.to(ids.device)])
         return w[ids], None if b is None else b[ids]
 
     @property
@@ -310,13 +324,14 @@ class DFlashDraft(nn.Module):
             cache.commit()
         return self.norm(h)
 
-    def logits(self, hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, head: nn.Module, extra: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [..., H] -> draft logits [..., V] through the target's lm_head, or [..., N]
-        over the draft vocabulary (`vocab_ids`) when the draft has one."""
+        over the draft vocabulary (`vocab_ids`) when the draft has one, [..., N + E] with a
+        request's `extra` ids (`prompt_extra`) appended."""
         if self.metadata.draft_vocab_size is None:
             out = head(hidden)
         else:
-            w, b = self.head_weight(head)
+            w, b = self.head_weight(head, extra)
             out = F.linear(hidden, w.to(hidden.dtype), None if b is None else b.to(hidden.dtype))
         return self.finish_logits(out)
 

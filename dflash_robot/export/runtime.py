@@ -127,12 +127,14 @@ class ExecuTorchDraft:
         # the program runs exactly q positions: the block sizes it can draft are 1..q
         d["training_block_size"] = min(int(d["training_block_size"]), self.block)
         d["block_size"] = min(int(d["block_size"]), self.block)
+        d["prompt_vocab"] = False  # the program's head is fixed: a request's prompt columns are not added
         self.metadata = DraftMetadata(**d)
         self.vocab_ids = None if ids is None else torch.tensor(ids, dtype=torch.long)
         self._method = _load_method(self.dir / "draft.pte")
         self._pos = 0
 
-    def reset(self) -> None:
+    def reset(self, prompt: torch.Tensor | None = None) -> None:
+        """`prompt` is not used: the exported program's head is fixed (see `__init__`)."""
         self._pos = 0
 
     @property

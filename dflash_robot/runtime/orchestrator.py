@@ -136,7 +136,7 @@ class RuntimeOrchestrator:
             return
         features = out.features
         if self.drafter is not None and tap is not None:
-            self.drafter.reset()
+            self.drafter.reset(ids)
         history: list[int] = []
         while True:
             remaining = cfg.max_new_tokens - generated

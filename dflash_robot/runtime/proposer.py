@@ -22,7 +22,10 @@ class DraftAdapter(Protocol):
     metadata: DraftMetadata
     vocab_ids: torch.Tensor | None  # [N] target ids of the draft's logits columns; None = all V
 
-    def reset(self) -> None: ...
+    def reset(self, prompt: torch.Tensor | None = None) -> None:
+        """Start a new sequence. `prompt` [P]: its token ids; a `prompt_vocab` draft appends those
+        outside its vocabulary to its head (and `vocab_ids`) until the next reset."""
+        ...
 
     def propose(self, features: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor: ...
 
@@ -71,7 +74,9 @@ class DFlashProposer:
         self.mirror = FeatureMirror(p.device, p.dtype)
         same = embedding_weight.device == p.device and embedding_weight.dtype == p.dtype
         self.embedding_weight = embedding_weight if same else embedding_weight.detach().to(p.device, p.dtype)
-        self.vocab_ids = draft.vocab_ids
+        self.vocab_ids = self._base_ids = draft.vocab_ids
+        self._extra_w: torch.Tensor | None = None  # the head's rows for this request's prompt columns
+        self._extra_b: torch.Tensor | None = None
         head_w: torch.Tensor = head.weight  # type: ignore[assignment]
         self._sub_head = None
         if self.vocab_ids is not None or head_w.device != p.device or head_w.dtype != p.dtype:
@@ -97,13 +102,30 @@ class DFlashProposer:
             if LeanDraftForward.unsupported_reason(draft) is None:  # else the module runs (same function)
                 self._lean = LeanDraftForward(draft, precision)
 
-    def reset(self) -> None:
+    def reset(self, prompt: torch.Tensor | None = None) -> None:
+        self._set_prompt(prompt)
         if self._lean is not None:
             self._lean.reset()
             return
         if self._cache is None:
             self._cache = self.draft.new_cache()
         self._cache.length = 0
+
+    def _set_prompt(self, prompt: torch.Tensor | None) -> None:
+        """The request's extra head columns (`DFlashDraft.prompt_extra`): once per request, E rows of
+        the target's head gathered to the draft's side; none without a prompt or `prompt_vocab`."""
+        self.vocab_ids, self._extra_w, self._extra_b = self._base_ids, None, None
+        extra = None if prompt is None else self.draft.prompt_extra(prompt)
+        if extra is None or extra.numel() == 0:
+            return
+        assert self._base_ids is not None  # prompt_vocab needs a draft vocabulary (DraftMetadata)
+        p = self.draft.fc.weight
+        head_w: torch.Tensor = self.head.weight  # type: ignore[assignment]
+        b: torch.Tensor | None = getattr(self.head, "bias", None)
+        rows = extra.to(head_w.device)
+        self._extra_w = head_w[rows].detach().to(p.device, p.dtype)
+        self._extra_b = None if b is None else b[rows].detach().to(p.device, p.dtype)
+        self.vocab_ids = torch.cat([self._base_ids, extra.to(self._base_ids.device)])
 
     @property
     def context_length(self) -> int:
@@ -134,5 +156,9 @@ class DFlashProposer:
             blk_pos = torch.arange(start + c, start + c + q, device=device)[None]
             rows = self.draft(noise[None], features[None], blk_pos, ctx_pos, cache=self._cache)[0, 1:]
         if self._sub_head is not None:
-            return self.draft.finish_logits(self._sub_head(rows))
+            out = self._sub_head(rows)
+            if self._extra_w is not None:  # the request's prompt columns, after the vocabulary's
+                extra = F.linear(rows.to(self._extra_w.dtype), self._extra_w, self._extra_b)
+                out = torch.cat([out, extra.to(out.dtype)], dim=-1)
+            return self.draft.finish_logits(out)
         return self.draft.logits(rows, self.head)

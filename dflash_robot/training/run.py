@@ -19,7 +19,7 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ class TrainRun:
     init: str = "random"
     mask_token_id: int | None = None
     draft_vocab: int | None = None  # None: keep --init draft's (or full); 0: full vocabulary
+    prompt_vocab: bool | None = None  # the head also covers each prompt's tokens outside it; None: the --init draft's
     steps: int = 2000
     batch_size: int = 4
     lr: float = 6e-4
@@ -274,18 +275,29 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list) ->
                 info["draft_vocab_grown_from"] = len(kept)
         draft.set_vocab(ids)
         info["draft_vocab_coverage"] = _covered(train, draft)
+    prompt_vocab = run.prompt_vocab if run.prompt_vocab is not None else bool(src and src.metadata.prompt_vocab)
+    if prompt_vocab:
+        if vocab_n is None:
+            raise ConfigError("--prompt-vocab needs a draft vocabulary (--draft-vocab N, or an --init draft with one)")
+        draft.metadata = replace(draft.metadata, prompt_vocab=True)
+        info["prompt_vocab_coverage"] = _covered(train, draft, with_prompt=True)
     notes = initialise(draft, model, run.init)
     if notes:
         info["grown_from_init" if run.init.startswith("draft:") else "kept_random_init"] = notes
     return draft, info
 
 
-def _covered(samples: list, draft: DFlashDraft) -> float:
+def _covered(samples: list, draft: DFlashDraft, with_prompt: bool = False) -> float:
+    """The share of the samples' response tokens the draft's vocabulary holds (`with_prompt`: or
+    the sample's prompt, the tokens before its first response token, as `--prompt-vocab` adds)."""
     t2d = draft.t2d.cpu()
     hit = tot = 0
     for ids, mask, *_ in samples:
         r = ids[mask]
-        hit += int(t2d[r].sum())
+        ok = t2d[r]
+        if with_prompt and r.numel():
+            ok = ok | torch.isin(r, ids[:int(mask.nonzero()[0])])
+        hit += int(ok.sum())
         tot += r.numel()
     return hit / max(tot, 1)
 
@@ -406,6 +418,8 @@ def check_run(run: TrainRun) -> None:
         raise ConfigError(f"--anchors must be uniform or on-policy, got {run.anchors!r}")
     if run.train_shards:
         shard_selection(run.train_shards)  # a malformed list fails here
+    if run.prompt_vocab and run.draft_vocab == 0:
+        raise ConfigError("--prompt-vocab needs a draft vocabulary: --draft-vocab 0 is the full vocabulary")
     if not 0.0 <= run.distill <= 1.0:
         raise ConfigError(f"--distill must be from 0 (hard labels) to 1 (the target's distribution), got {run.distill}")
     out = Path(run.out)
@@ -424,6 +438,9 @@ def check_run(run: TrainRun) -> None:
         if run.draft_vocab is not None:
             saved["--draft-vocab"] = int(d.get("draft_vocab_size") or 0)
             asked["--draft-vocab"] = run.draft_vocab
+        if run.prompt_vocab is not None:
+            saved["--prompt-vocab"] = bool(d.get("prompt_vocab", False))
+            asked["--prompt-vocab"] = run.prompt_vocab
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{saved_cfg}: unreadable draft config beside the checkpoint ({e})") from e
     wrong = [f"{k} {asked[k]} (its draft: {saved[k]})" for k in asked if asked[k] != saved[k]]

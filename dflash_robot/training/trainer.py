@@ -4,7 +4,9 @@ Target features come from a `FeatureStore` (bf16 on disk, read with pread, writt
 sample by `training.data`) when one is given and holds the sample; otherwise from one no-grad
 target forward, optionally kept in memory (`cache_features=True`). With a draft vocabulary
 (`DFlashDraft.vocab_ids`) the head and the loss cover only those N tokens: labels outside
-it get weight 0 and count as misses in the acceptance estimate.
+it get weight 0 and count as misses in the acceptance estimate. A `prompt_vocab` draft's head
+also covers each sequence's prompt tokens outside that vocabulary (`DraftTrainer.columns`), as
+decoding covers a request's.
 
 With `distill > 0` the labels are also soft: the target's own next-token distribution at each
 position (`TargetTail`, over the draft vocabulary, renormalised, as EAGLE-3 and SpecForge
@@ -177,10 +179,28 @@ class DraftTrainer:
             self.feature_cache[key] = feats
         return feats
 
+    def columns(self, input_ids: torch.Tensor, loss_mask: torch.Tensor
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One sequence's head columns -> (label -> column map [V] or None for the full
+        vocabulary, extra ids [E] or None). With a draft vocabulary a label outside it maps to -1
+        (no loss); a `prompt_vocab` draft also gets the sequence's prompt tokens (those before its
+        first response token) outside that vocabulary as columns N.., as decoding appends them
+        to the head for a request (`DFlashProposer.reset`)."""
+        extra = None
+        if self.label_index is None or not self.draft.metadata.prompt_vocab:
+            return self.label_index, extra
+        resp = torch.nonzero(loss_mask, as_tuple=True)[0]
+        extra = self.draft.prompt_extra(input_ids[:int(resp[0]) if resp.numel() else input_ids.shape[0]])
+        assert extra is not None
+        index = self.label_index.clone()
+        index[extra.to(index.device)] = torch.arange(extra.numel(), device=index.device) + self.draft.d2t.shape[0]
+        return index, extra
+
     def blocks(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None
                ) -> tuple[torch.Tensor, ...]:
         """Anchors for one sequence and its blocks: (anchors, block ids, positions, labels as
-        draft-vocabulary columns, weights; zero outside that vocabulary).
+        head columns, weights (zero for a label outside them), the extra ids of `columns`, an
+        empty tensor if none).
 
         Anchors are drawn uniformly from the response; with `cfg.anchors == "on-policy"` they are
         replaced by where decoding would go next from them (`objective.successor_anchors`: one
@@ -199,11 +219,12 @@ class DraftTrainer:
         self._drawn[1] += anchors.numel()
         ids, pos, labels, weights = objective.block_inputs(
             input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay)
-        if self.label_index is not None:  # columns of the draft vocabulary; outside it: no loss
-            cols = self.label_index[labels]
+        index, prompt_cols = self.columns(input_ids, loss_mask)
+        if index is not None:  # columns of the draft vocabulary (and prompt); outside them: no loss
+            cols = index[labels]
             weights = weights * (cols >= 0)
             labels = cols.clamp(min=0)
-        return anchors, ids, pos, labels, weights
+        return anchors, ids, pos, labels, weights, prompt_cols if prompt_cols is not None else labels.new_zeros(0)
 
     def sequence_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, key: object | None = None,
                       blocks: tuple[torch.Tensor, ...] | None = None, soft_labels: bool = True
@@ -214,7 +235,9 @@ class DraftTrainer:
         meta = self.draft.metadata
         q = meta.training_block_size
         input_ids, loss_mask = self._on_device(input_ids, loss_mask)
-        anchors, ids, pos, labels, weights = blocks if blocks is not None else self.blocks(input_ids, loss_mask, key)
+        anchors, ids, pos, labels, weights, cols = blocks if blocks is not None else self.blocks(
+            input_ids, loss_mask, key)
+        extra = cols if cols.numel() else None
         if anchors.numel() == 0:
             zero = self.draft.fc.weight.sum() * 0
             return zero, zero.detach(), torch.tensor(float("nan"))
@@ -225,11 +248,11 @@ class DraftTrainer:
         row_w = torch.cat([weights[kept], weights.new_zeros(rows.numel() - n_kept)])
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.block_states(self.module, feats, ids, pos, anchors, q)
-            logits = self.draft.logits(hidden[rows], self.head)
+            logits = self.draft.logits(hidden[rows], self.head, extra)
         if self.teacher is not None and soft_labels:
             with torch.no_grad():  # the target's distribution for position p comes from its state at p - 1
                 t_hidden = self.teacher.hidden(input_ids, feats)
-                t_logits = self.draft.logits(t_hidden[pos[rows] - 1], self.head)
+                t_logits = self.draft.logits(t_hidden[pos[rows] - 1], self.head, extra)
             loss_sum, w_sum = objective.distill_cross_entropy(logits, t_logits, labels[rows], row_w, self.cfg.distill)
         else:
             loss_sum, w_sum = objective.weighted_cross_entropy(logits, labels[rows], row_w)
@@ -320,11 +343,12 @@ class DraftTrainer:
         anchors = pad_rows(anchors, max(1, self.shape_quantum // 4), fill=anchors[-1:])
         ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
                                                      meta.loss_decay)
+        index, extra = self.columns(input_ids, loss_mask)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.block_states(self.draft, feats, ids, pos, anchors, q)  # not the DDP wrapper
-            pred = self.draft.logits(hidden, self.head).argmax(-1)
-        if self.label_index is not None:  # draft-vocabulary columns; a label outside it never matches
-            labels = self.label_index[labels]
+            pred = self.draft.logits(hidden, self.head, extra).argmax(-1)
+        if index is not None:  # head columns; a label outside them never matches
+            labels = index[labels]
         inside = pos < n
         ok = (pred == labels) & inside & loss_mask[pos.clamp(max=n - 1)]
         return ok.view(-1, q)[:n_a, 1:].to(torch.long).cumprod(dim=1).sum(dim=1)
@@ -339,7 +363,7 @@ class DraftTrainer:
         self._drawn = [0, 0]
         # the loss is the batch's weighted mean CE: its normaliser is known before any forward
         plans = [self.blocks(ids, m, None if keys is None else keys[k]) for k, (ids, m) in enumerate(batch)]
-        total_w = sum(float(p[-1].sum()) for p in plans) or 1.0
+        total_w = sum(float(p[4].sum()) for p in plans) or 1.0
         loss, accs = 0.0, []
         for k, (ids, m) in enumerate(batch):
             loss_sum, _, acc = self.sequence_loss(ids, m, None if keys is None else keys[k], plans[k])
