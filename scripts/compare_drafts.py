@@ -63,7 +63,8 @@ def main() -> None:
     rt = DFlashRuntime.load()
     orchestrators = {"autoregressive": rt.orchestrator}
     vocab: dict[str, torch.Tensor | None] = {"autoregressive": None}
-    prompt_vocab = {n: bool((rt.draft if d is None else d).metadata.prompt_vocab) for n, d in drafts.items()}
+    prompt_vocab = {n: bool(getattr(getattr(rt.draft if d is None else d, "metadata", None), "prompt_vocab", False))
+                    for n, d in drafts.items()}
     for n, d in drafts.items():
         precision = n.split("@")[1] if "@" in n else None
         vocab[n] = getattr(rt.draft if d is None else d, "t2d", None)  # [V] bool, or None: the full head

@@ -195,6 +195,8 @@ def test_prompt_vocab_is_set_inherited_and_refused_without_a_vocabulary(tmp_path
         assert info.get("prompt_vocab_coverage") == (0.75 if want else None)  # 20 is not in the prompt [1]
     pool = [(torch.tensor([20, 5, 6, 20, 7]), torch.arange(5) > 0, ("shard-00000", 0, 5))]
     assert _make_draft(run, model, tok, pool, pool)[1]["prompt_vocab_coverage"] == 1.0
+    full, _ = _make_draft(TrainRun(**{**vars(run), "draft_vocab": 0}), model, tok, pool, pool)  # drops both
+    assert full.metadata.draft_vocab_size is None and full.metadata.prompt_vocab is False
     with pytest.raises(ConfigError, match="--prompt-vocab needs a draft vocabulary"):
         _make_draft(TrainRun(**{**vars(run), "init": "random", "prompt_vocab": True}), model, tok, pool, pool)
     with pytest.raises(ConfigError, match="--draft-vocab 0 is the full vocabulary"):

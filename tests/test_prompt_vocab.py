@@ -115,6 +115,7 @@ def test_a_training_steps_loss_is_the_batchs_weighted_mean():
         batch.append((ids, m))
     state = tr.gen.get_state()
     plans = [tr.blocks(i, m) for i, m in batch]
+    assert all(p[5].numel() for p in plans) and any(float(p[4][p[3] >= 4].sum()) > 0 for p in plans)  # columns N..
     parts = [tr.sequence_loss(i, m, blocks=p) for (i, m), p in zip(batch, plans, strict=True)]
     want = sum(float(lo.detach()) for lo, _, _ in parts) / sum(float(w) for _, w, _ in parts)
     tr.gen.set_state(state)

@@ -7,6 +7,8 @@ cache for the current sequence.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -75,24 +77,23 @@ class DFlashProposer:
         same = embedding_weight.device == p.device and embedding_weight.dtype == p.dtype
         self.embedding_weight = embedding_weight if same else embedding_weight.detach().to(p.device, p.dtype)
         self.vocab_ids = self._base_ids = draft.vocab_ids
-        self._extra_w: torch.Tensor | None = None  # the head's rows for this request's prompt columns
-        self._extra_b: torch.Tensor | None = None
+        self._extra_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # this request's prompt columns
         head_w: torch.Tensor = head.weight  # type: ignore[assignment]
         self._sub_head = None
-        if self.vocab_ids is not None or head_w.device != p.device or head_w.dtype != p.dtype:
-            # the head's rows (for the draft vocabulary, or all), on the draft's side, gathered once
+        # the head's rows (for the draft vocabulary, or all), on the draft's side, gathered once
+        self._head_fn: Callable[[torch.Tensor, torch.Tensor | None], Callable[[torch.Tensor], torch.Tensor]]
+        if lean and precision != "fp32" and p.dtype == torch.float32 and p.device.type == "cpu" and \
+                _lean_supported(draft):
+            from dflash_robot.targets.quant import make_linear
+
+            self._head_fn = functools.partial(make_linear, precision="bf16")  # as the target's head: bf16 below fp32
+        else:
             from dflash_robot.targets.fastpath import linear_fn
 
+            self._head_fn = linear_fn
+        if self.vocab_ids is not None or head_w.device != p.device or head_w.dtype != p.dtype:
             w, b = draft.head_weight(head)
-            w = w.detach().to(p.device, p.dtype).contiguous()
-            b = None if b is None else b.detach().to(p.device, p.dtype)
-            if lean and precision != "fp32" and p.dtype == torch.float32 and p.device.type == "cpu" and \
-                    _lean_supported(draft):
-                from dflash_robot.targets.quant import make_linear
-
-                self._sub_head = make_linear(w, b, "bf16")  # as the target's head: bf16 below fp32
-            else:
-                self._sub_head = linear_fn(w, b)
+            self._sub_head = self._head_fn(*self._draft_side(w, b))
         self.head = head
         self._cache: DraftKVCache | None = None
         self._lean = None
@@ -114,18 +115,20 @@ class DFlashProposer:
     def _set_prompt(self, prompt: torch.Tensor | None) -> None:
         """The request's extra head columns (`DFlashDraft.prompt_extra`): once per request, E rows of
         the target's head gathered to the draft's side; none without a prompt or `prompt_vocab`."""
-        self.vocab_ids, self._extra_w, self._extra_b = self._base_ids, None, None
+        self.vocab_ids, self._extra_head = self._base_ids, None
         extra = None if prompt is None else self.draft.prompt_extra(prompt)
         if extra is None or extra.numel() == 0:
             return
         assert self._base_ids is not None  # prompt_vocab needs a draft vocabulary (DraftMetadata)
-        p = self.draft.fc.weight
         head_w: torch.Tensor = self.head.weight  # type: ignore[assignment]
         b: torch.Tensor | None = getattr(self.head, "bias", None)
         rows = extra.to(head_w.device)
-        self._extra_w = head_w[rows].detach().to(p.device, p.dtype)
-        self._extra_b = None if b is None else b[rows].detach().to(p.device, p.dtype)
+        self._extra_head = self._head_fn(*self._draft_side(head_w[rows], None if b is None else b[rows]))
         self.vocab_ids = torch.cat([self._base_ids, extra.to(self._base_ids.device)])
+
+    def _draft_side(self, w: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        p = self.draft.fc.weight
+        return w.detach().to(p.device, p.dtype).contiguous(), None if b is None else b.detach().to(p.device, p.dtype)
 
     @property
     def context_length(self) -> int:
@@ -157,8 +160,8 @@ class DFlashProposer:
             rows = self.draft(noise[None], features[None], blk_pos, ctx_pos, cache=self._cache)[0, 1:]
         if self._sub_head is not None:
             out = self._sub_head(rows)
-            if self._extra_w is not None:  # the request's prompt columns, after the vocabulary's
-                extra = F.linear(rows.to(self._extra_w.dtype), self._extra_w, self._extra_b)
-                out = torch.cat([out, extra.to(out.dtype)], dim=-1)
+            if self._extra_head is not None:  # the request's prompt columns, after the vocabulary's
+                out = torch.cat([out, self._extra_head(rows).to(out.dtype)], dim=-1)
             return self.draft.finish_logits(out)
+        assert self._extra_head is None  # prompt columns exist only with a draft vocabulary (a sub head)
         return self.draft.logits(rows, self.head)

@@ -275,7 +275,9 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list) ->
                 info["draft_vocab_grown_from"] = len(kept)
         draft.set_vocab(ids)
         info["draft_vocab_coverage"] = _covered(train, draft)
-    prompt_vocab = run.prompt_vocab if run.prompt_vocab is not None else bool(src and src.metadata.prompt_vocab)
+    # inherited only where this run keeps a vocabulary (`--draft-vocab 0` drops both)
+    prompt_vocab = run.prompt_vocab if run.prompt_vocab is not None else bool(
+        src is not None and src.metadata.prompt_vocab and vocab_n is not None)
     if prompt_vocab:
         if vocab_n is None:
             raise ConfigError("--prompt-vocab needs a draft vocabulary (--draft-vocab N, or an --init draft with one)")
