@@ -4,7 +4,7 @@ target still verifies over its full vocabulary, so output stays the target's own
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_sampling import CONFIGS, V, chi2_pvalue, empirical_joint, exact_joint
+from test_sampling import CONFIGS, V, chi2_pvalue, empirical_joint, exact_joint, sampling_target
 from tiny import MASK, VOCAB, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.drafts.checkpoint import load_draft, save_draft
@@ -76,13 +76,7 @@ def test_a_covering_subset_keeps_acceptance():
 
 def test_sampling_with_a_draft_vocabulary_follows_the_target():
     from test_sampling import PROMPT  # noqa: F401  (the same prompt as the exact joint)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, initializer_range=0.4,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = LlamaForCausalLM(cfg).eval()
+    cfg, target = sampling_target()
     draft = build_draft(cfg, 1, 4, mask_token_id=V - 1, draft_vocab_size=3).eval()
     draft.set_vocab(torch.tensor([0, 2, 3]))  # tokens 1, 4, 5 are never drafted
     rt = DFlashRuntime.from_models(target, draft)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from test_sampling import CONFIGS, PROMPT, V, chi2_pvalue, empirical_joint, exact_joint
+from test_sampling import CONFIGS, PROMPT, V, chi2_pvalue, empirical_joint, exact_joint, sampling_target
 from tiny import MASK, VOCAB, plain_greedy_cached, random_prompt, taught_target, trained_draft
 
 from dflash_robot.drafts.checkpoint import load_draft, save_draft
@@ -186,13 +186,7 @@ def test_greedy_is_the_target_greedy_and_prompt_tokens_are_drafted(monkeypatch, 
 
 
 def test_sampling_with_prompt_columns_follows_the_target():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, initializer_range=0.4,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = LlamaForCausalLM(cfg).eval()
+    cfg, target = sampling_target()
     draft = build_draft(cfg, 1, 4, mask_token_id=V - 1, draft_vocab_size=2).eval()
     draft.set_vocab(torch.tensor([0, 2]))
     draft.metadata = dataclasses.replace(draft.metadata, prompt_vocab=True)

@@ -20,13 +20,18 @@ PROMPT = [0, 3, 1]
 DEPTH = 3  # joint distribution of the first 3 generated tokens: 216 cells
 
 
-@pytest.fixture(scope="module")
-def tiny_pair():
+def sampling_target():
+    """-> (config, target): the seeded V-token Llama whose exact joint distribution is enumerated."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
                       num_attention_heads=2, num_key_value_heads=1, initializer_range=0.4,
                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = LlamaForCausalLM(cfg).eval()
+    return cfg, LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    cfg, target = sampling_target()
     cfg.initializer_range = 0.4
     draft = build_draft(cfg, 1, 4, mask_token_id=V - 1).eval()
     return target, draft
