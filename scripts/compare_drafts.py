@@ -20,6 +20,11 @@ over all of them; greedy τ does not change). For a draft with a draft vocabular
 is the share of the tokens its runs produced that the vocabulary holds: a token outside it is one the
 draft can never propose, so 1 - in_vocab bounds what the vocabulary costs. A `prompt_vocab` draft also
 proposes each request's prompt tokens: "in_reach" is the share in the vocabulary or that prompt.
+
+How sure a τ is: "tau_se" is its bootstrap standard error over prompts (`bench.runner.tau_interval`),
+and every draft after the first gets "delta_vs_<first>": its τ minus the first draft's on the same
+prompts, paired, with the standard error and 95% interval of that difference. A difference whose
+interval holds 0 is not a measured difference; raise `--limit` for a sharper one.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import torch
 
 from dflash_robot.bench.datasets import formatted_prompts
+from dflash_robot.bench.runner import tau_interval
 from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.drafts.validation import check_compatible
 from dflash_robot.runtime.api import DFlashRuntime, draft_precision
@@ -86,17 +92,19 @@ def main() -> None:
     rows = []
     for ds in args.datasets.split(","):
         prompts = [rt.encode(t) for t in formatted_prompts(ds, args.limit)]
-        jobs = [(i, s) for i in prompts for s in seeds for _ in range(args.repeats)]
+        jobs = [(j, i, s) for j, i in enumerate(prompts) for s in seeds for _ in range(args.repeats)]
         acc: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
+        per_prompt: dict[tuple[str, int], list[list[int]]] = {r: [[] for _ in prompts] for r in runs}
         toks = dict.fromkeys(runs, 0)
         secs = dict.fromkeys(runs, 0.0)
         made: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
         reach: dict[tuple[str, int], int] = dict.fromkeys(runs, 0)  # produced tokens in vocabulary or prompt
-        for k, (ids, seed) in enumerate(jobs):
+        for k, (j, ids, seed) in enumerate(jobs):
             for n, q in runs[k % len(runs):] + runs[:k % len(runs)]:
                 r = orchestrators[n].generate(ids, GenerationConfig(args.max_new_tokens, q, sampling,
                                                                     stop_token_ids=eos, seed=seed))
                 acc[n, q] += r.acceptance_lengths
+                per_prompt[n, q][j] += r.acceptance_lengths
                 toks[n, q] += len(r.token_ids) - 1
                 secs[n, q] += r.decode_s
                 made[n, q] += r.token_ids
@@ -114,6 +122,12 @@ def main() -> None:
                 rows[-1]["in_vocab"] = round(t2d.cpu()[torch.tensor(made[n, q])].float().mean().item(), 4)
                 if prompt_vocab.get(n):
                     rows[-1]["in_reach"] = round(reach[n, q] / len(made[n, q]), 4)
+            if q > 1 and a:
+                ci = tau_interval(per_prompt[n, q])
+                rows[-1]["tau_se"] = round(ci["se"], 3)
+                if n != names[0] and acc[names[0], q]:
+                    d = tau_interval(per_prompt[n, q], per_prompt[names[0], q])
+                    rows[-1][f"delta_vs_{names[0]}"] = {k: round(v, 3) for k, v in d.items()}
             print(json.dumps(rows[-1]), flush=True)
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pytest
 from tiny import char_tokenizer, taught_target, trained_draft
 
 from dflash_robot.bench import datasets as bench_data
-from dflash_robot.bench.runner import conversations
+from dflash_robot.bench.runner import conversations, tau_interval
 from dflash_robot.cli import main
 from dflash_robot.drafts.checkpoint import save_draft
 from dflash_robot.errors import ConfigError
@@ -58,6 +58,7 @@ def test_bench_smoke_writes_json_markdown_png(tiny_dirs, capsys):
     for s in he["dflash"].values():
         assert s["lossless_mismatches"] == 0 and s["mean_acceptance_length"] >= 1 and s["speedup"] > 0
         assert sum(s["acceptance_histogram"].values()) > 0
+        assert s["mean_acceptance_length_se"] >= 0
     assert he["comparisons"]["hf_generate"]["turns"] == 2
     for key in ("date", "cpu", "torch", "transformers", "threads"):
         assert report["meta"][key]
@@ -110,3 +111,55 @@ def test_bench_bad_arguments(tiny_dirs, capsys, extra, match):
     rc = main(["bench", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
                "--out", str(tiny_dirs / "bad"), "--no-adaptive", "--no-plots", "--limit", "1", *extra])
     assert rc == 2 and match in capsys.readouterr().err
+
+
+def _synthetic_prompts(n: int, seed: int, shift: float = 0.0) -> tuple[list[list[int]], list[list[int]]]:
+    """Two drafts' acceptance lengths on the same n prompts: each prompt has its own difficulty, which
+    both drafts share; the second accepts `shift` more on average."""
+    import random
+    rng = random.Random(seed)
+    a, b = [], []
+    for _ in range(n):
+        easy = rng.uniform(1.0, 4.0)
+        steps = rng.randint(10, 60)
+        a.append([max(1, round(rng.gauss(easy, 0.7))) for _ in range(steps)])
+        b.append([max(1, round(rng.gauss(easy + shift, 0.7))) for _ in range(steps)])
+    return a, b
+
+
+def test_tau_interval_value_is_the_pooled_mean():
+    a, b = _synthetic_prompts(30, 0, shift=0.5)
+    pooled = lambda runs: sum(map(sum, runs)) / sum(map(len, runs))  # noqa: E731
+    assert tau_interval(a)["value"] == pytest.approx(pooled(a))
+    d = tau_interval(b, a)
+    assert d["value"] == pytest.approx(pooled(b) - pooled(a))
+    assert d["lo"] < d["value"] < d["hi"]
+    same = tau_interval(a, a)  # a draft against itself: no difference, and no doubt about it
+    assert same["value"] == 0 and same["se"] == 0 and same["lo"] == same["hi"] == 0
+
+
+def test_tau_interval_se_matches_the_ratio_estimator():
+    """Independent truth: the delta-method standard error of a ratio of sums over n clusters,
+    sqrt(sum((A_i - R S_i)^2) / (n (n-1))) * n / sum(S_i), which the bootstrap approximates."""
+    a, _ = _synthetic_prompts(400, 1)
+    acc = [sum(x) for x in a]
+    steps = [len(x) for x in a]
+    n, r = len(a), sum(acc) / sum(steps)
+    se = (sum((x - r * s) ** 2 for x, s in zip(acc, steps, strict=True)) / (n * (n - 1))) ** 0.5 * n / sum(steps)
+    assert tau_interval(a, resamples=4000)["se"] == pytest.approx(se, rel=0.1)
+
+
+def test_tau_interval_pairing_cancels_what_prompts_share():
+    a, b = _synthetic_prompts(40, 2, shift=0.1)
+    paired = tau_interval(b, a)["se"]
+    unpaired = (tau_interval(a)["se"] ** 2 + tau_interval(b)["se"] ** 2) ** 0.5
+    assert paired < 0.5 * unpaired
+
+
+def test_tau_interval_bad_input():
+    with pytest.raises(ValueError, match="same prompts"):
+        tau_interval([[1, 2]], [[1], [2]])
+    with pytest.raises(ValueError, match="no prompts"):
+        tau_interval([])
+    with pytest.raises(ValueError, match="no verify steps"):
+        tau_interval([[], []])

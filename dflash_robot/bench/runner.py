@@ -80,6 +80,7 @@ class RunStats:
     decode_s: float = 0.0
     ttft: list[float] = field(default_factory=list)
     acceptance: list[int] = field(default_factory=list)
+    turn_acceptance: list[list[int]] = field(default_factory=list)  # the same, one list per turn
     block_sizes: list[int] = field(default_factory=list)
     mismatches: int = 0
     turns: int = 0
@@ -90,6 +91,7 @@ class RunStats:
         self.decode_s += decode_s
         self.ttft.append(ttft)
         self.acceptance += list(acc)
+        self.turn_acceptance.append(list(acc))
         self.block_sizes += list(sizes)
         self.turns += 1
 
@@ -107,6 +109,7 @@ class RunStats:
         }
         if acc:
             out["mean_acceptance_length"] = round(sum(acc) / len(acc), 4)
+            out["mean_acceptance_length_se"] = round(tau_interval(self.turn_acceptance)["se"], 4)
             out["acceptance_histogram"] = {str(k): hist[k] for k in sorted(hist)}
         if self.block_sizes:
             out["mean_block_size"] = round(sum(self.block_sizes) / len(self.block_sizes), 3)
@@ -114,6 +117,41 @@ class RunStats:
             out["speedup"] = round(self.tokens_per_s / baseline_tps, 4)
         out["lossless_mismatches"] = self.mismatches
         return out
+
+
+def tau_interval(turns: Sequence[Sequence[int]], base: Sequence[Sequence[int]] | None = None,
+                 resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Mean acceptance length pooled over the verify steps of `turns` (one list of acceptance lengths
+    per prompt), with its bootstrap standard error and 95% percentile interval over prompts.
+
+    With `base` (the same prompts, in the same order, under another draft), the figures are for the
+    paired difference tau(turns) - tau(base): each resample draws the same prompts for both, so what
+    the prompts share (their difficulty) cancels. Prompts, not verify steps, are the unit resampled:
+    the steps of one prompt are not independent."""
+    if base is not None and len(base) != len(turns):
+        raise ValueError(f"paired runs need the same prompts: {len(turns)} against {len(base)}")
+    if not turns:
+        raise ValueError("no prompts")
+
+    def totals(runs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor([float(sum(a)) for a in runs], dtype=torch.float64),
+                torch.tensor([float(len(a)) for a in runs], dtype=torch.float64))
+
+    acc, steps = totals(turns)
+    if bool((steps == 0).all()):
+        raise ValueError("no verify steps")
+
+    def stat(idx: torch.Tensor | None) -> torch.Tensor:
+        def tau(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            a, s = (a, s) if idx is None else (a[idx], s[idx])
+            return a.sum(-1) / s.sum(-1).clamp(min=1)
+        t = tau(acc, steps)
+        return t if base is None else t - tau(*totals(base))
+
+    g = torch.Generator().manual_seed(seed)
+    draws = stat(torch.randint(len(turns), (resamples, len(turns)), generator=g))
+    lo, hi = torch.quantile(draws, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return {"value": float(stat(None)), "se": float(draws.std()), "lo": lo, "hi": hi}
 
 
 def peak_rss_mb() -> float:
@@ -346,12 +384,14 @@ def to_markdown(report: dict[str, Any]) -> str:
         skip = f", {d['turns_skipped_too_long']} turns skipped: longer than the target's context" \
             if d.get("turns_skipped_too_long") else ""
         lines += [f"## {name} ({d['conversations']} conversations, {b['turns']} turns{skip})", "",
-                  "| engine | τ | mean q | tok/s | speed-up | TTFT (median) | lossless |",
+                  "| engine | τ (± s.e. over turns) | mean q | tok/s | speed-up | TTFT (median) | lossless |",
                   "|---|---|---|---|---|---|---|",
                   f"| autoregressive (block 1, same loop) | - | 1 | {b['tokens_per_s']:.2f} | 1.00× | "
                   f"{b['ttft_s_median']:.3f} s | - |"]
         for k, s in d["dflash"].items():
-            lines.append(f"| DFlash {k} | {s.get('mean_acceptance_length', 0):.2f} | {s.get('mean_block_size', 0):.1f} "
+            tau = f"{s.get('mean_acceptance_length', 0):.2f}" + \
+                (f" ± {s['mean_acceptance_length_se']:.2f}" if "mean_acceptance_length_se" in s else "")
+            lines.append(f"| DFlash {k} | {tau} | {s.get('mean_block_size', 0):.1f} "
                          f"| {s['tokens_per_s']:.2f} | {s['speedup']:.2f}× | {s['ttft_s_median']:.3f} s | "
                          f"{'yes' if s['lossless_mismatches'] == 0 else str(s['lossless_mismatches']) + ' differ'} |")
         for k, s in d["comparisons"].items():
