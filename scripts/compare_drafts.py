@@ -123,11 +123,12 @@ def main() -> None:
                 if prompt_vocab.get(n):
                     rows[-1]["in_reach"] = round(reach[n, q] / len(made[n, q]), 4)
             if q > 1 and a:
-                ci = tau_interval(per_prompt[n, q])
-                rows[-1]["tau_se"] = round(ci["se"], 3)
+                se = tau_interval(per_prompt[n, q])["se"]
+                rows[-1]["tau_se"] = None if se is None else round(se, 3)
                 if n != names[0] and acc[names[0], q]:
                     d = tau_interval(per_prompt[n, q], per_prompt[names[0], q])
-                    rows[-1][f"delta_vs_{names[0]}"] = {k: round(v, 3) for k, v in d.items()}
+                    rows[-1][f"delta_vs_{names[0]}"] = {key: None if v is None else round(v, 3)
+                                                        for key, v in d.items()}
             print(json.dumps(rows[-1]), flush=True)
 
 if __name__ == "__main__":

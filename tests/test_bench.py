@@ -146,7 +146,9 @@ def test_tau_interval_se_matches_the_ratio_estimator():
     steps = [len(x) for x in a]
     n, r = len(a), sum(acc) / sum(steps)
     se = (sum((x - r * s) ** 2 for x, s in zip(acc, steps, strict=True)) / (n * (n - 1))) ** 0.5 * n / sum(steps)
-    assert tau_interval(a, resamples=4000)["se"] == pytest.approx(se, rel=0.1)
+    ci = tau_interval(a, resamples=4000)
+    assert ci["se"] == pytest.approx(se, rel=0.1)
+    assert ci["hi"] - ci["lo"] == pytest.approx(2 * 1.96 * se, rel=0.15)  # a 95% interval, not 68% or 90%
 
 
 def test_tau_interval_pairing_cancels_what_prompts_share():
@@ -163,3 +165,13 @@ def test_tau_interval_bad_input():
         tau_interval([])
     with pytest.raises(ValueError, match="no verify steps"):
         tau_interval([[], []])
+    with pytest.raises(ValueError, match="no verify steps"):
+        tau_interval([[2, 1], [3]], [[], []])
+
+
+def test_tau_interval_one_prompt_and_empty_prompts():
+    one = tau_interval([[1, 2, 3]])
+    assert one["value"] == 2 and one["se"] is None and one["lo"] is None  # nothing to resample
+    # a prompt that made no verify step weighs nothing in the pooled mean, and no resample is NaN
+    ci = tau_interval([[2, 2], [], [4, 4]], resamples=500)
+    assert ci["value"] == 3 and 2 <= ci["lo"] <= ci["hi"] <= 4

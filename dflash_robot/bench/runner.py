@@ -109,7 +109,9 @@ class RunStats:
         }
         if acc:
             out["mean_acceptance_length"] = round(sum(acc) / len(acc), 4)
-            out["mean_acceptance_length_se"] = round(tau_interval(self.turn_acceptance)["se"], 4)
+            se = tau_interval(self.turn_acceptance)["se"]  # over turns (a conversation's two are not independent)
+            if se is not None:
+                out["mean_acceptance_length_se"] = round(se, 4)
             out["acceptance_histogram"] = {str(k): hist[k] for k in sorted(hist)}
         if self.block_sizes:
             out["mean_block_size"] = round(sum(self.block_sizes) / len(self.block_sizes), 3)
@@ -120,38 +122,42 @@ class RunStats:
 
 
 def tau_interval(turns: Sequence[Sequence[int]], base: Sequence[Sequence[int]] | None = None,
-                 resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+                 resamples: int = 2000, seed: int = 0) -> dict[str, float | None]:
     """Mean acceptance length pooled over the verify steps of `turns` (one list of acceptance lengths
     per prompt), with its bootstrap standard error and 95% percentile interval over prompts.
 
     With `base` (the same prompts, in the same order, under another draft), the figures are for the
     paired difference tau(turns) - tau(base): each resample draws the same prompts for both, so what
     the prompts share (their difficulty) cancels. Prompts, not verify steps, are the unit resampled:
-    the steps of one prompt are not independent."""
+    the steps of one prompt are not independent. With one prompt there is nothing to resample, and
+    "se", "lo" and "hi" are None; a resample whose prompts made no verify step has no τ and is left
+    out."""
     if base is not None and len(base) != len(turns):
         raise ValueError(f"paired runs need the same prompts: {len(turns)} against {len(base)}")
     if not turns:
         raise ValueError("no prompts")
 
     def totals(runs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.tensor([float(sum(a)) for a in runs], dtype=torch.float64),
-                torch.tensor([float(len(a)) for a in runs], dtype=torch.float64))
+        acc = torch.tensor([float(sum(a)) for a in runs], dtype=torch.float64)
+        steps = torch.tensor([float(len(a)) for a in runs], dtype=torch.float64)
+        if not bool(steps.any()):
+            raise ValueError("no verify steps")
+        return acc, steps
 
-    acc, steps = totals(turns)
-    if bool((steps == 0).all()):
-        raise ValueError("no verify steps")
+    runs = [totals(turns)] + ([] if base is None else [totals(base)])
 
-    def stat(idx: torch.Tensor | None) -> torch.Tensor:
-        def tau(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-            a, s = (a, s) if idx is None else (a[idx], s[idx])
-            return a.sum(-1) / s.sum(-1).clamp(min=1)
-        t = tau(acc, steps)
-        return t if base is None else t - tau(*totals(base))
+    def stat(idx: torch.Tensor | slice) -> torch.Tensor:  # NaN where the drawn prompts made no step
+        taus = [a[idx].sum(-1) / s[idx].sum(-1) for a, s in runs]
+        return taus[0] if base is None else taus[0] - taus[1]
 
+    value = float(stat(slice(None)))
+    if len(turns) < 2:
+        return {"value": value, "se": None, "lo": None, "hi": None}
     g = torch.Generator().manual_seed(seed)
     draws = stat(torch.randint(len(turns), (resamples, len(turns)), generator=g))
+    draws = draws[~draws.isnan()]
     lo, hi = torch.quantile(draws, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return {"value": float(stat(None)), "se": float(draws.std()), "lo": lo, "hi": hi}
+    return {"value": value, "se": float(draws.std()), "lo": lo, "hi": hi}
 
 
 def peak_rss_mb() -> float:
