@@ -93,7 +93,6 @@ def main() -> None:
     for ds in args.datasets.split(","):
         prompts = [rt.encode(t) for t in formatted_prompts(ds, args.limit)]
         jobs = [(j, i, s) for j, i in enumerate(prompts) for s in seeds for _ in range(args.repeats)]
-        acc: dict[tuple[str, int], list[int]] = {r: [] for r in runs}
         per_prompt: dict[tuple[str, int], list[list[int]]] = {r: [[] for _ in prompts] for r in runs}
         toks = dict.fromkeys(runs, 0)
         secs = dict.fromkeys(runs, 0.0)
@@ -103,7 +102,6 @@ def main() -> None:
             for n, q in runs[k % len(runs):] + runs[:k % len(runs)]:
                 r = orchestrators[n].generate(ids, GenerationConfig(args.max_new_tokens, q, sampling,
                                                                     stop_token_ids=eos, seed=seed))
-                acc[n, q] += r.acceptance_lengths
                 per_prompt[n, q][j] += r.acceptance_lengths
                 toks[n, q] += len(r.token_ids) - 1
                 secs[n, q] += r.decode_s
@@ -112,7 +110,7 @@ def main() -> None:
                     out = torch.tensor(r.token_ids)
                     reach[n, q] += int((vocab[n].cpu()[out] | torch.isin(out, torch.tensor(ids))).sum())
         for n, q in runs:
-            a = acc[n, q]
+            a = [x for p in per_prompt[n, q] for x in p]
             rows.append({"draft": n, "dataset": ds, "block_size": q, "temperature": args.temperature,
                          "tau": round(sum(a) / len(a), 3) if a else None,
                          "tok_s": round(toks[n, q] / secs[n, q], 1) if secs[n, q] > 0 else None,
@@ -125,7 +123,7 @@ def main() -> None:
             if q > 1 and a:
                 se = tau_interval(per_prompt[n, q])["se"]
                 rows[-1]["tau_se"] = None if se is None else round(se, 3)
-                if n != names[0] and acc[names[0], q]:
+                if n != names[0] and any(per_prompt[names[0], q]):
                     d = tau_interval(per_prompt[n, q], per_prompt[names[0], q])
                     rows[-1][f"delta_vs_{names[0]}"] = {key: None if v is None else round(v, 3)
                                                         for key, v in d.items()}

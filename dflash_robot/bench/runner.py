@@ -79,8 +79,7 @@ class RunStats:
     tokens: int = 0  # decode tokens (after the first)
     decode_s: float = 0.0
     ttft: list[float] = field(default_factory=list)
-    acceptance: list[int] = field(default_factory=list)
-    turn_acceptance: list[list[int]] = field(default_factory=list)  # the same, one list per turn
+    turn_acceptance: list[list[int]] = field(default_factory=list)  # acceptance lengths, one list per turn
     block_sizes: list[int] = field(default_factory=list)
     mismatches: int = 0
     turns: int = 0
@@ -90,10 +89,13 @@ class RunStats:
         self.tokens += max(n_tokens - 1, 0)
         self.decode_s += decode_s
         self.ttft.append(ttft)
-        self.acceptance += list(acc)
         self.turn_acceptance.append(list(acc))
         self.block_sizes += list(sizes)
         self.turns += 1
+
+    @property
+    def acceptance(self) -> list[int]:
+        return [a for turn in self.turn_acceptance for a in turn]
 
     @property
     def tokens_per_s(self) -> float:
