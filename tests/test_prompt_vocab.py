@@ -203,3 +203,26 @@ def test_gguf_round_trip_keeps_prompt_vocab(tmp_path):
     _, d = _prompt_draft()
     save_gguf_draft(d, tmp_path / "d.gguf")
     assert load_draft(tmp_path / "d.gguf").metadata.prompt_vocab is True
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_measured_costs_draft_over_the_prompt_columns(monkeypatch, tree):
+    """The adaptive policy's cost curve times the draft step a request runs: a `prompt_vocab`
+    draft is reset with the measuring prompt, so its extra columns are in every timed propose."""
+    from dflash_robot.runtime.policy import measure_costs, measure_tree_costs
+    from dflash_robot.runtime.proposer import DFlashProposer
+
+    target, d = _prompt_draft(ids=_vocab_of_outputs(8), layers=2, block=16, src=trained_draft("llama"))
+    rt = DFlashRuntime.from_models(target, d.eval())
+    widths, orig = [], DFlashProposer.propose
+
+    def spy(self, *a, **k):
+        logits = orig(self, *a, **k)
+        widths.append(logits.shape[-1])
+        return logits
+    monkeypatch.setattr(DFlashProposer, "propose", spy)
+    if tree:
+        measure_tree_costs(rt, [4], 8, context=32, min_reps=1, max_reps=1)
+    else:
+        measure_costs(rt, [1, 4], context=32, min_reps=1, max_reps=1)
+    assert widths and all(w > len(d.vocab_ids) for w in widths)

@@ -209,8 +209,11 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     """Median seconds of one decode iteration (draft + verify + rollback) at each block size,
     at about `context` tokens of context, for this runtime's target, draft and machine.
 
-    One prefill, then rounds over all block sizes (interleaved, so drift on a busy machine
-    hits every q alike) until `budget_s` is spent, with at least `min_reps` rounds.
+    One prefill of `context` random tokens, then rounds over all block sizes (interleaved, so drift
+    on a busy machine hits every q alike) until `budget_s` is spent, with at least `min_reps` rounds.
+    The draft is reset with that prompt, as a request resets it, so a `prompt_vocab` draft drafts
+    over its extra columns; random tokens leave more of them outside the vocabulary than text does,
+    so its measured draft step is an upper bound for prompts of that length.
     `progress(done_rounds, max_reps)` is called after each round."""
     import torch
 
@@ -226,7 +229,7 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     out = tgt.prefill(prompt, tap, orch.prefill_chunk_size)
     feats = out.features
     if drafter is not None:
-        drafter.reset()
+        drafter.reset(prompt)  # as a request does: a `prompt_vocab` draft's columns are in the cost
 
     def iteration(q: int) -> None:
         nonlocal feats
@@ -283,7 +286,7 @@ def measure_tree_costs(runtime: Any, budgets: Sequence[int], max_block_size: int
     prompt = torch.randint(0, tgt.vocab_size, (context,), generator=g).to(tgt.device)
     tap = drafter.metadata.target_layer_ids
     feats = tgt.prefill(prompt, tap, orch.prefill_chunk_size).features
-    drafter.reset()
+    drafter.reset(prompt)
     strategies = {n: TreeStrategy(drafter, tgt.vocab_size, n) for n in budgets}
     greedy = SamplingConfig()
     last = prompt[-1:]
