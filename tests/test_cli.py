@@ -161,3 +161,17 @@ def test_ctrl_c_exits_130_with_one_line(model_dirs, capsys, monkeypatch):
     assert main(["generate", "x"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "dflash-robot: interrupted"
+
+
+def test_version_is_the_installed_distributions(capsys):
+    """One version: `--version`, `dflash_robot.__version__` and the installed package metadata
+    (pyproject reads it from `__version__`) agree."""
+    from importlib.metadata import version
+
+    import dflash_robot
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dflash-robot {dflash_robot.__version__}"
+    assert version("dflash-robot") == dflash_robot.__version__
