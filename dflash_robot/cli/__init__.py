@@ -19,9 +19,8 @@ Run `dflash-robot COMMAND --help` for a command's options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dflash_robot.cli import bench, convert, export, generate, serve, train
-
     from dflash_robot import __version__
+    from dflash_robot.cli import bench, convert, export, generate, serve, train
 
     parser = argparse.ArgumentParser(prog="dflash-robot", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
