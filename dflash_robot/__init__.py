@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 _EXPORTS = {
     "DFlashRuntime": "dflash_robot.runtime.api", "Completion": "dflash_robot.runtime.api",

@@ -51,7 +51,7 @@ def main() -> None:
     feats = {}
     for name, rt in runtimes.items():
         feats[name] = rt.target.prefill(prompt, taps, 512).features
-        rt.orchestrator.drafter.reset()
+        rt.orchestrator.drafter.reset(prompt)
         rt.orchestrator.drafter.propose(feats[name], torch.full((q,), et.draft.metadata.mask_token_id))
     times: dict[str, dict[str, list[float]]] = {n: {"verify_q1": [], f"verify_q{q}": [], "draft": []}
                                                 for n in runtimes}

@@ -72,7 +72,7 @@ def main() -> None:
             return t1
 
         out = tgt.prefill(prompt, taps, 512)
-        drafter.reset()
+        drafter.reset(prompt)  # as a request does (a prompt_vocab draft's columns)
         feats = out.features
         last = out.logits[-1].argmax().view(1)
         for it in range(args.iters + 5):

@@ -40,7 +40,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, tgt.vocab_size, (args.context,), generator=g)
     feats = tgt.prefill(prompt, taps, 512).features
-    drafter.reset()
+    drafter.reset(prompt)  # as a request does (a prompt_vocab draft's columns)
     mask = drafter.metadata.mask_token_id
     out = {}
     for n in [int(x) for x in args.budgets.split(",")]:

@@ -165,7 +165,8 @@ def test_ctrl_c_exits_130_with_one_line(model_dirs, capsys, monkeypatch):
 
 def test_version_is_the_installed_distributions(capsys):
     """One version: `--version`, `dflash_robot.__version__` and the installed package metadata
-    (pyproject reads it from `__version__`) agree."""
+    (pyproject reads it from `__version__`) agree. Needs the package installed as it is now
+    (`pip install -e .`, as scripts/test.sh does): stale metadata fails here, as it should."""
     from importlib.metadata import version
 
     import dflash_robot

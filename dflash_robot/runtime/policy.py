@@ -235,8 +235,9 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
         nonlocal feats
         block = torch.randint(0, vocab, (q,), generator=g).to(tgt.device)
         if q > 1:  # steady state: the draft projects only the newly committed features
-            logits = drafter.propose(feats, block)
-            block[1:] = logits.argmax(-1)
+            drafted = drafter.propose(feats, block).argmax(-1)  # columns; a draft vocabulary maps them
+            ids = getattr(drafter, "vocab_ids", None)
+            block[1:] = drafted if ids is None else ids[drafted].to(block.device)
         snap = tgt.snapshot()
         v = tgt.verify(block, tap)
         v.logits.argmax(-1).tolist()  # the iteration's one host sync
