@@ -217,6 +217,9 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     `progress(done_rounds, max_reps)` is called after each round."""
     import torch
 
+    from dflash_robot.runtime.config import SamplingConfig
+    from dflash_robot.runtime.strategy import ChainStrategy
+
     orch = runtime.orchestrator
     tgt, drafter = orch.target, orch.drafter
     if drafter is None and any(q > 1 for q in block_sizes):
@@ -231,13 +234,14 @@ def measure_costs(runtime: Any, block_sizes: Sequence[int], context: int = 256, 
     if drafter is not None:
         drafter.reset(prompt)  # as a request does: a `prompt_vocab` draft's columns are in the cost
 
+    chain, greedy = ChainStrategy(drafter, vocab), SamplingConfig()
+
     def iteration(q: int) -> None:
         nonlocal feats
-        block = torch.randint(0, vocab, (q,), generator=g).to(tgt.device)
-        if q > 1:  # steady state: the draft projects only the newly committed features
-            drafted = drafter.propose(feats, block).argmax(-1)  # columns; a draft vocabulary maps them
-            ids = getattr(drafter, "vocab_ids", None)
-            block[1:] = drafted if ids is None else ids[drafted].to(block.device)
+        last = torch.randint(0, vocab, (1,), generator=g).to(tgt.device)
+        # a request's draft step (none at q = 1); steady state: the draft projects only the newly
+        # committed features
+        block = chain.propose(last, feats, q, greedy, g).tokens
         snap = tgt.snapshot()
         v = tgt.verify(block, tap)
         v.logits.argmax(-1).tolist()  # the iteration's one host sync
