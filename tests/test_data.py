@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import MASK, char_tokenizer, taught_target
+from tiny import MASK, char_tokenizer, plain_greedy, taught_target
 
 from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.errors import ConfigError
@@ -87,6 +87,37 @@ def test_captured_features_equal_a_full_forward(gen_dir):
     sub = D.FeatureStore(gen_dir, (3,), model.config.hidden_size)  # a subset of the stored taps
     full = store.get("shard-00000", 0, 5)
     assert torch.equal(sub.get("shard-00000", 0, 5), full[:, 32:64])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])  # qwen3_5: state layers, every row runs to the end
+def test_greedy_batch_drops_finished_rows_and_keeps_each_rows_answer_and_features(family):
+    model, tok = taught_target(family), char_tokenizer()
+    tok.padding_side, tok.pad_token = "left", tok.eos_token
+    texts = ["abc", "hello world 12", "x", "the cat sat on", "q9 (", "zz top"]
+    free = D.greedy_batch(model, tok, texts, 16, [MASK])[1]  # the model never writes MASK
+    assert all(len(r) == 16 for r in free)
+    stop = [free[0][2], free[1][6], free[3][9]]  # rows meet these at different steps
+    tap = D.FeatureTap(model, TAPS)
+    try:
+        prompts, resps, feats, width = D.greedy_batch(model, tok, texts, 16, stop, tap)
+    finally:
+        tap.remove()
+    lengths = [len(r) for r in resps]
+    assert len(set(lengths)) >= 3 and min(lengths) < 16  # rows left the batch at different steps
+    rows = D._unpad_features(feats, prompts, resps, width)
+    a = 0
+    for p, r in zip(prompts, resps, strict=True):
+        ref = plain_greedy(model, p, 16)
+        cut = next((i for i, t in enumerate(ref) if t in stop), None)
+        assert r == (ref[:cut + 1] if cut is not None else ref)  # the target's own greedy answer
+        ids = torch.tensor(p + r)
+        got = rows[a:a + len(ids)]
+        # the forwards that wrote the row; its last token was never fed back, so its row is zero
+        torch.testing.assert_close(got[:-1].float(), target_features(model, ids, TAPS)[:-1], rtol=2e-2, atol=2e-2)
+        if family == "llama":
+            assert not got[-1].any()
+        a += len(ids)
+    assert a == rows.shape[0]
 
 
 def test_generation_resumes_after_complete_shards(gen_dir):
