@@ -177,36 +177,37 @@ def greedy_batch(model: Any, tok: Any, texts: list[str], max_new: int, stop: lis
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     feats = None
     if tap is not None:
-        tap.take() if any(tap.parts) else None
+        if any(tap.parts):
+            tap.take()  # drop what an earlier pass recorded
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         feats = torch.zeros(b, width + max_new, len(tap.parts) * cfg.hidden_size, dtype=torch.bfloat16)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    alive = torch.arange(b)
-    res: list[list[int]] = [[] for _ in range(b)]
-    stops = torch.tensor(stop, device=ids.device)
+    alive = torch.arange(b, device=ids.device)
+    out = torch.full((b, max_new), -1, dtype=torch.long, device=ids.device)  # -1: after the row left
+    stops = torch.tensor(stop, dtype=torch.long, device=ids.device)
     inp, col = ids, 0
     for step in range(max_new):
         logits = model(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache,
                        use_cache=True, logits_to_keep=1).logits
         if feats is not None and tap is not None:
             f = tap.take()
-            feats[alive, col:col + f.shape[1]] = f.to(feats.device)
+            feats[alive.cpu(), col:col + f.shape[1]] = f.cpu()
             col += f.shape[1]
         nxt = logits[:, -1].argmax(-1)
-        for r, t in zip(alive.tolist(), nxt.tolist(), strict=True):
-            res[r].append(t)
+        out[alive, step] = nxt
         done = torch.isin(nxt, stops)
         if step + 1 == max_new or bool(done.all()):
             break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
-            alive, nxt, mask, pos = alive[keep.cpu()], nxt[keep], mask[keep], pos[keep]
+            alive, nxt, mask, pos = alive[keep], nxt[keep], mask[keep], pos[keep]
         inp = nxt[:, None]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
         pos = pos[:, -1:] + 1
     if feats is not None:
         feats = feats[:, :col]
+    res = [row[row >= 0].tolist() for row in out.cpu()]
     return prompts, res, feats, width
 
 
