@@ -33,8 +33,7 @@ def main() -> None:
     model, tok = load_target_model(default_target_path(), None, "bfloat16", "cpu")
     tok.padding_side = "left"
     texts = D.shard_prompts(model, tok, args.source, args.batch_size, args.seed)
-    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
-             for t in texts]
+    chats = D.chat_texts(tok, texts)
     stop = [tok.eos_token_id]
     tap = D.FeatureTap(model, [1, 10, 14, 19, 27])
     out = {}

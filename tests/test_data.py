@@ -99,6 +99,7 @@ def test_greedy_batch_drops_finished_rows_and_keeps_each_rows_answer_and_feature
     stop = [free[0][2], free[1][6], free[3][9]]  # rows meet these at different steps
     tap = D.FeatureTap(model, TAPS)
     try:
+        D.greedy_batch(model, tok, texts[:1], 4, stop)  # a forward pass recorded but not asked for
         prompts, resps, feats, width = D.greedy_batch(model, tok, texts, 16, stop, tap)
     finally:
         tap.remove()

@@ -119,6 +119,10 @@ class FeatureTap:
             self.parts[j].append(h.detach().to(torch.bfloat16))
         return f
 
+    def clear(self) -> None:
+        """Drop what earlier forwards recorded (a prompt-writing pass, say)."""
+        self.parts = [[] for _ in self.parts]
+
     def take(self) -> torch.Tensor:
         """-> [B, T, n_taps * H] over all recorded calls, then clears."""
         feats = torch.cat([torch.cat(p, dim=1) for p in self.parts], dim=-1)
@@ -136,6 +140,8 @@ def batch_generate(model: Any, tok: Any, texts: list[str], max_new: int, tempera
                    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor | None, int]:
     """-> (prompt ids per row, response ids per row (cut after a stop token), features [B, T, F]
     or None, left-pad width P). Row i's prompt occupies feature columns P - len(prompt_i) .. P."""
+    if tap is not None:
+        tap.clear()  # the features returned are this call's forwards' only
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     torch.manual_seed(seed)
     out = model.generate(**enc, max_new_tokens=max_new, do_sample=temperature > 0,
@@ -177,8 +183,7 @@ def greedy_batch(model: Any, tok: Any, texts: list[str], max_new: int, stop: lis
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     feats = None
     if tap is not None:
-        if any(tap.parts):
-            tap.take()  # drop what an earlier pass recorded
+        tap.clear()  # the features returned are this call's forwards' only
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         feats = torch.zeros(b, width + max_new, len(tap.parts) * cfg.hidden_size, dtype=torch.bfloat16)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -222,8 +227,7 @@ def self_written(model: Any, tok: Any, instructions: list[str] | None, n: int, r
         _, outs, _, _ = batch_generate(model, tok, [head + p for p in prefixes], 64, 0.9, stop, seed)
         texts = [(p + tok.decode(o, skip_special_tokens=True)).strip() for p, o in zip(prefixes, outs, strict=True)]
         return [t for t, p in zip(texts, prefixes, strict=True) if len(t) > len(p) + 8]
-    chats = [tok.apply_chat_template([{"role": "user", "content": i}], add_generation_prompt=True, tokenize=False)
-             for i in instructions]
+    chats = chat_texts(tok, instructions)
     _, outs, _, _ = batch_generate(model, tok, chats, 128, 0.9, stop, seed)
     texts = [tok.decode(o, skip_special_tokens=True).strip() for o in outs]
     return [t + P.GSM8K_SUFFIX for t in texts if 40 < len(t) < 700]
@@ -329,6 +333,12 @@ def check_data_target(data_dir: str | Path, model: Any, tok: Any, write: bool = 
         tmp.replace(path)
 
 
+def chat_texts(tok: Any, texts: list[str]) -> list[str]:
+    """Each prompt as a one-turn user chat, ready for the assistant's answer."""
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+            for t in texts]
+
+
 def generate_dataset(model: Any, tok: Any, out_dir: str | Path, sources: str, num_shards: int,
                      max_new_tokens: int = 256, batch_size: int = 64, seed: int = 0,
                      feature_layer_ids: Sequence[int] | None = None) -> Path:
@@ -352,12 +362,9 @@ def generate_dataset(model: Any, tok: Any, out_dir: str | Path, sources: str, nu
             source = source_of_shard(schedule, k)
             shard_seed = seed * 100_003 + k
             texts = check_not_evaluation(shard_prompts(model, tok, source, batch_size, shard_seed), eval_set)
-            if tap is not None:
-                tap.take() if any(tap.parts) else None  # drop what the prompt-writing pass recorded
             if not texts:
                 continue
-            chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                             tokenize=False) for t in texts]
+            chats = chat_texts(tok, texts)
             prompts, resps, feats, width = greedy_batch(model, tok, chats, max_new_tokens, stop, tap)
             shard = _pack(prompts, resps, source)
             if feats is not None and fdir is not None:
