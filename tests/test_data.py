@@ -130,6 +130,21 @@ def test_generation_resumes_after_complete_shards(gen_dir):
     assert all(after[k] == v for k, v in before.items())
 
 
+def test_generation_skips_prompts_already_in_the_data(tmp_path, monkeypatch):
+    # a static source with a pool of 5 prompts: 3 shards of 3 hold each of them once, and then nothing
+    pool = [f"Add {i} and {i + 1}." for i in range(5)]
+    monkeypatch.setitem(P.STATIC_SOURCES, "math", lambda rng, n: [rng.choice(pool) for _ in range(n)])
+    model, tok = taught_target("llama"), char_tokenizer()
+    D.generate_dataset(model, tok, tmp_path, "math:1", 3, max_new_tokens=4, batch_size=3)
+    keys = [D._prompt_key(s[0][:int(s[1].nonzero()[0])]) for s in D.iter_samples(tmp_path)]
+    assert len(keys) == len(set(keys)) == 5
+    assert D.stored_prompts(tmp_path) == set(keys)
+    assert [p.name for p in D.shard_paths(tmp_path)] == ["shard-00000.npz", "shard-00001.npz"]
+    chats = D.chat_texts(tok, pool[:2] + pool[:2])
+    assert D.fresh_prompts(tok, chats, set(), 3) == (chats[:2], 2)
+    assert D.fresh_prompts(tok, chats, D.stored_prompts(tmp_path), 3) == ([], 4)
+
+
 def test_ensure_features_fills_missing_shards(tmp_path):
     model = taught_target("llama")
     ids = [list(range(5, 25)), list(range(30, 40))]

@@ -13,8 +13,10 @@ a token) and rebuilt by `ensure_features` where missing. Features captured while
 from the same forward that wrote the tokens (forward hooks, no extra target pass).
 
 Prompt sources are in `prompts.py`. Every prompt is checked against the installed evaluation
-sets (HumanEval, GSM8K, MT-Bench, AIME25, IFBench) and refused if it matches one. Generation
-resumes after the last complete shard: shard k is a pure function of (schedule, seed, k).
+sets (HumanEval, GSM8K, MT-Bench, AIME25, IFBench) and refused if it matches one, and a prompt
+already in the directory (token for token) is skipped for a fresh one. Generation resumes after the
+last complete shard: shard k is a pure function of (schedule, seed, k, the prompts of the shards
+already there).
 """
 
 from __future__ import annotations
@@ -339,6 +341,43 @@ def chat_texts(tok: Any, texts: list[str]) -> list[str]:
             for t in texts]
 
 
+STATIC_OVERSAMPLE = 4  # a template or docstring shard draws 4 batches of prompts, for the repeats it skips
+
+
+def _prompt_key(ids: Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(ids, dtype=np.int32).tobytes()
+
+
+def stored_prompts(data_dir: str | Path) -> set[bytes]:
+    """The prompt token ids of every sample already in a data directory (as `_prompt_key`)."""
+    keys: set[bytes] = set()
+    for p in shard_paths(data_dir):
+        s = Shard.load(p)
+        for i in range(len(s)):
+            a = int(s.offsets[i])
+            keys.add(_prompt_key(s.tokens[a:a + int(s.response_start[i])]))
+    return keys
+
+
+def fresh_prompts(tok: Any, chats: list[str], seen: set[bytes], n: int) -> tuple[list[str], int]:
+    """The first `n` chats whose prompt tokens are neither in `seen` nor earlier in the list -> (chats,
+    how many were skipped as repeats). A repeated prompt would be answered with the same greedy text
+    again: by shards 1500-1749 of data/smollm2-selfdistill, 62% of the docstring samples were."""
+    out: list[str] = []
+    taken: set[bytes] = set()
+    skipped = 0
+    for chat in chats:
+        if len(out) == n:
+            break
+        key = _prompt_key(tok(chat, add_special_tokens=False)["input_ids"])
+        if key in seen or key in taken:
+            skipped += 1
+            continue
+        taken.add(key)
+        out.append(chat)
+    return out, skipped
+
+
 def generate_dataset(model: Any, tok: Any, out_dir: str | Path, sources: str, num_shards: int,
                      max_new_tokens: int = 256, batch_size: int = 64, seed: int = 0,
                      feature_layer_ids: Sequence[int] | None = None) -> Path:
@@ -356,22 +395,26 @@ def generate_dataset(model: Any, tok: Any, out_dir: str | Path, sources: str, nu
     tap = FeatureTap(model, feature_layer_ids) if feature_layer_ids else None
     fdir = taps_dir(out, feature_layer_ids) if feature_layer_ids else None
     todo = [k for k in range(num_shards) if not (out / f"shard-{k:05d}.npz").exists()]
+    seen = stored_prompts(out) if todo else set()
     bar = tqdm(total=num_shards, initial=num_shards - len(todo), desc="self-distillation", unit="shard")
     try:
         for k in todo:
             source = source_of_shard(schedule, k)
             shard_seed = seed * 100_003 + k
-            texts = check_not_evaluation(shard_prompts(model, tok, source, batch_size, shard_seed), eval_set)
-            if not texts:
+            # a static source draws more than a batch, so that prompts already in the data are replaced
+            draw = batch_size * (STATIC_OVERSAMPLE if source in P.STATIC_SOURCES else 1)
+            texts = check_not_evaluation(shard_prompts(model, tok, source, draw, shard_seed), eval_set)
+            chats, repeats = fresh_prompts(tok, chat_texts(tok, texts), seen, batch_size)
+            if not chats:
                 continue
-            chats = chat_texts(tok, texts)
             prompts, resps, feats, width = greedy_batch(model, tok, chats, max_new_tokens, stop, tap)
             shard = _pack(prompts, resps, source)
             if feats is not None and fdir is not None:
                 _save_features(fdir / f"shard-{k:05d}.npy", _unpad_features(feats, prompts, resps, width))
             shard.save(out / f"shard-{k:05d}.npz")
+            seen.update(_prompt_key(p) for p in prompts)
             bar.update(1)
-            bar.set_postfix(source=source, tokens=int(shard.tokens.size))
+            bar.set_postfix(source=source, tokens=int(shard.tokens.size), repeats_skipped=repeats)
     finally:
         if tap is not None:
             tap.remove()
