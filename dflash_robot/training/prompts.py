@@ -98,13 +98,13 @@ def documented_functions() -> tuple[tuple[str, str, str], ...]:
 
 def _documented(name: str, obj: object, method: bool = False) -> tuple[str, str, str] | None:
     """(name, signature, docstring) of a callable with a usable docstring and a short signature."""
-    doc = inspect.getdoc(obj) or ""
-    first = doc.split("\n\n")[0].strip()
-    if len(first) < 30 or len(doc) > 4000:
-        return None
-    try:
+    try:  # third-party objects: introspection may raise anything; such a callable is left out
+        doc = inspect.getdoc(obj) or ""
+        first = doc.split("\n\n")[0].strip()
+        if len(first) < 30 or len(doc) > 4000:
+            return None
         sig = str(inspect.signature(obj))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001
         return None
     if method:
         sig = re.sub(r"^\((self|cls)(,\s*|\))", lambda m: "(" if m.group(2) != ")" else "()", sig)
