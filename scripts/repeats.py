@@ -23,10 +23,9 @@ import collections
 import statistics
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from dflash_robot.training.data import Shard, shard_paths
+from dflash_robot.training.data import Shard, shard_paths, token_key
 
 
 def shard_number(name: str) -> int:
@@ -35,7 +34,7 @@ def shard_number(name: str) -> int:
     return -1 if "-v1-" in name else int(tail)
 
 
-def repeat_tally(data: str) -> dict[str, int]:
+def repeat_tally(data: str) -> dict[bytes, int]:
     """Prints the repeat table; -> {prompt key: number of the shard it first occurred in}."""
     first: dict[bytes, int] = {}
     rows: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
@@ -45,7 +44,7 @@ def repeat_tally(data: str) -> dict[str, int]:
         for i in range(len(s)):
             a, b = int(s.offsets[i]), int(s.offsets[i + 1])
             start = int(s.response_start[i])
-            key = s.tokens[a:a + start].astype(np.int32).tobytes()
+            key = token_key(s.tokens[a:a + start])
             row = rows[(bucket, s.source)]
             row[0] += 1
             row[2] += b - a - start
@@ -61,22 +60,7 @@ def repeat_tally(data: str) -> dict[str, int]:
         tot = [t + v for t, v in zip(tot, (n, new, tokens, new_tokens), strict=True)]
     print(f"all | all | {tot[0]} | {tot[0] - tot[1]} ({(tot[0] - tot[1]) / tot[0]:.0%}) | {tot[2]} | "
           f"{tot[2] - tot[3]} ({(tot[2] - tot[3]) / tot[2]:.0%})")
-    return first  # type: ignore[return-value]
-
-
-def chain_blocks(tr, ids: torch.Tensor, mask: torch.Tensor, key: tuple, block_size: int) -> list[int]:
-    """Tokens gained per block along the greedy chain of one response (no credit past its end)."""
-    out = tr.response_runs(ids, mask, key, block_size=block_size)
-    if out is None:
-        return []
-    runs, first = out
-    n = runs.shape[0]
-    gains, a = [], first
-    while a < n - 1:
-        g = min(int(runs[a]) + 1, n - 1 - a)
-        gains.append(g)
-        a += g
-    return gains
+    return first
 
 
 def main() -> None:
@@ -96,7 +80,7 @@ def main() -> None:
     from dflash_robot.targets.loading import default_target_path, load_target_model
     from dflash_robot.training.data import FeatureStore, iter_samples
     from dflash_robot.training.prompts import HUMANEVAL_WRAPPER
-    from dflash_robot.training.run import TrainRun, split_holdout
+    from dflash_robot.training.run import TrainRun, prompt_key, split_holdout
     from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
     torch.set_num_threads(args.threads)
@@ -111,23 +95,22 @@ def main() -> None:
 
     def group(sample: tuple) -> tuple[str, str]:
         ids, mask, key = sample
-        start = int(mask.nonzero()[0])
-        earlier = first.get(ids[:start].numpy().astype(np.int32).tobytes(), hi + 1) < lo
+        earlier = first.get(prompt_key(sample), hi + 1) < lo
         source = sources[key[0]]
         if source == "docstring":  # the two request formats of `prompts.docstring_prompts`
-            source += " (HumanEval stub)" if stub in tok.decode(ids[:start]) else " (plain request)"
+            source += " (HumanEval stub)" if stub in tok.decode(ids[:int(mask.nonzero()[0])]) else " (plain request)"
         return source, "prompt in an earlier shard" if earlier else "new prompt"
 
     for name in args.drafts.split(","):
         draft = load_draft(SHIPPED_DRAFT if name == "shipped" else name)
         store = FeatureStore(Path(args.data), draft.metadata.target_layer_ids, model.config.hidden_size)
         tr = DraftTrainer(model, draft, OptimConfig(bf16_autocast=True), store=store)
-        held = [g for ids, mask, key in hold for g in chain_blocks(tr, ids, mask, key, args.block_size)]
+        held = [g for ids, mask, key in hold for g in tr.chain_acceptance(ids, mask, key, block_size=args.block_size)]
         print(f"{name} | held-out ({len(hold)} samples) | block {args.block_size} | {len(held)} blocks | "
               f"chain tau {statistics.mean(held):.3f}", flush=True)
         groups: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
         for s in picked:
-            gains = chain_blocks(tr, *s, args.block_size)
+            gains = tr.chain_acceptance(s[0], s[1], s[2], block_size=args.block_size)
             src, rep = group(s)
             keys = {(src, rep), ("all", rep), (src, "any"), ("all", "any")}
             if src.startswith("docstring "):

@@ -16,7 +16,7 @@ from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.errors import ConfigError
 from dflash_robot.training import data as D
 from dflash_robot.training import prompts as P
-from dflash_robot.training.run import TrainRun, ensure_features, load_checkpoint, train
+from dflash_robot.training.run import TrainRun, ensure_features, load_checkpoint, prompt_key, train
 from dflash_robot.training.trainer import target_features
 
 TAPS = (1, 3, 4)
@@ -136,7 +136,7 @@ def test_generation_skips_prompts_already_in_the_data(tmp_path, monkeypatch):
     monkeypatch.setitem(P.STATIC_SOURCES, "math", lambda rng, n: [rng.choice(pool) for _ in range(n)])
     model, tok = taught_target("llama"), char_tokenizer()
     D.generate_dataset(model, tok, tmp_path, "math:1", 3, max_new_tokens=4, batch_size=3)
-    keys = [D._prompt_key(s[0][:int(s[1].nonzero()[0])]) for s in D.iter_samples(tmp_path)]
+    keys = [prompt_key(s) for s in D.iter_samples(tmp_path)]
     assert len(keys) == len(set(keys)) == 5
     assert D.stored_prompts(tmp_path) == set(keys)
     assert [p.name for p in D.shard_paths(tmp_path)] == ["shard-00000.npz", "shard-00001.npz"]

@@ -344,18 +344,21 @@ def chat_texts(tok: Any, texts: list[str]) -> list[str]:
 STATIC_OVERSAMPLE = 4  # a template or docstring shard draws 4 batches of prompts, for the repeats it skips
 
 
-def _prompt_key(ids: Sequence[int] | np.ndarray) -> bytes:
+def token_key(ids: Sequence[int] | np.ndarray | torch.Tensor) -> bytes:
+    """A hashable key of a token sequence, the same for a list, an array or a tensor of its ids."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.cpu().numpy()
     return np.asarray(ids, dtype=np.int32).tobytes()
 
 
 def stored_prompts(data_dir: str | Path) -> set[bytes]:
-    """The prompt token ids of every sample already in a data directory (as `_prompt_key`)."""
+    """The prompt token ids of every sample already in a data directory (as `token_key`)."""
     keys: set[bytes] = set()
     for p in shard_paths(data_dir):
         s = Shard.load(p)
         for i in range(len(s)):
             a = int(s.offsets[i])
-            keys.add(_prompt_key(s.tokens[a:a + int(s.response_start[i])]))
+            keys.add(token_key(s.tokens[a:a + int(s.response_start[i])]))
     return keys
 
 
@@ -369,7 +372,7 @@ def fresh_prompts(tok: Any, chats: list[str], seen: set[bytes], n: int) -> tuple
     for chat in chats:
         if len(out) == n:
             break
-        key = _prompt_key(tok(chat, add_special_tokens=False)["input_ids"])
+        key = token_key(tok(chat, add_special_tokens=False)["input_ids"])
         if key in seen or key in taken:
             skipped += 1
             continue
@@ -412,7 +415,7 @@ def generate_dataset(model: Any, tok: Any, out_dir: str | Path, sources: str, nu
             if feats is not None and fdir is not None:
                 _save_features(fdir / f"shard-{k:05d}.npy", _unpad_features(feats, prompts, resps, width))
             shard.save(out / f"shard-{k:05d}.npz")
-            seen.update(_prompt_key(p) for p in prompts)
+            seen.update(token_key(p) for p in prompts)
             bar.update(1)
             bar.set_postfix(source=source, tokens=int(shard.tokens.size), repeats_skipped=repeats)
     finally:

@@ -40,6 +40,7 @@ from dflash_robot.training.data import (
     shard_paths,
     taps_dir,
     target_identity,
+    token_key,
 )
 from dflash_robot.training.init import initialise
 from dflash_robot.training.trainer import DraftTrainer, OptimConfig, target_features
@@ -219,7 +220,7 @@ def prompt_key(sample: tuple) -> bytes:
     """The tokens before a sample's first response token."""
     ids, mask = sample[0], sample[1]
     first = int(mask.nonzero()[0]) if mask.any() else ids.shape[0]
-    return ids[:first].numpy().tobytes()
+    return token_key(ids[:first])
 
 
 def evaluation_samples(data: str, train_samples: int, seed: int = 0) -> tuple[list, list]:
