@@ -43,6 +43,24 @@ def test_prompt_sources_are_diverse_and_not_evaluation():
     assert D.check_not_evaluation(math + code, D.evaluation_prompts()) == math + code
 
 
+def test_docstring_requests_give_two_stubs_per_multi_paragraph_function():
+    import random
+
+    doc = "Return the sum of a and b, as an int.\n\nBoth arguments must be ints.\n\n>>> add(1, 2)\n3"
+    full, summary = P.humaneval_stub("add", "(a, b)", doc), P.humaneval_stub("add", "(a, b)", doc, summary_only=True)
+    assert full.startswith("def add(a, b):\n") and ">>> add(1, 2)" in full and "Both arguments" in full
+    assert summary == 'def add(a, b):\n    """Return the sum of a and b, as an int.\n    """\n'
+    one = "Return the sum of a and b, as an int."
+    assert P.humaneval_stub("f", "(a)", one) == P.humaneval_stub("f", "(a)", one, summary_only=True)
+    # both forms are drawn: some stubs carry a later paragraph of their function's docstring, some do not
+    rng, docs = random.Random(1), {n: d for n, _, d in P.documented_functions()}
+    stubs = [p for p in P.docstring_prompts(rng, 400) if p.startswith(P.HUMANEVAL_WRAPPER.split("\n")[0])]
+    multi = [(p, docs[p.split("def ")[1].split("(")[0]]) for p in stubs
+             if "\n\n" in docs.get(p.split("def ")[1].split("(")[0], "")]
+    later = [p for p, d in multi if d.split("\n\n")[1].split("\n")[0].strip() in p]
+    assert 0 < len(later) < len(multi)
+
+
 @pytest.mark.parametrize(("sig", "plain"), [
     ("(G, H, *, backend=None, **backend_kwargs)", "(G, H)"),
     ("(*, backend=None, **backend_kwargs)", "()"),

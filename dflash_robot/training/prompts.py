@@ -4,8 +4,9 @@ Every source is a function `(rng, n) -> list[str]` of plain user turns, except `
 prompts the target writes itself (it needs the model, see `data.self_written`). Sources:
 
 - `docstring`: functions of the Python standard library and installed numeric packages,
-  turned into coding requests, half as a HumanEval-shaped stub (signature + docstring in
-  z-lab's HumanEval wrapper), half as "Write a Python function `f(x)` that ...";
+  turned into coding requests, half as a HumanEval-shaped stub (signature + docstring, whole or
+  its first paragraph alone, in z-lab's HumanEval wrapper), half as "Write a Python function
+  `f(x)` that ...";
 - `math`: grade-school word problems filled from templates (names, items, numbers drawn
   at random), with z-lab's GSM8K suffix;
 - `selfmath` / `self`: the target writes a math word problem / a general user turn from a
@@ -136,15 +137,21 @@ def _summary(doc: str) -> str:
     return s[0].lower() + s[1:] if s[:1].isupper() and not s[1:2].isupper() else s
 
 
+def humaneval_stub(name: str, sig: str, doc: str, summary_only: bool = False) -> str:
+    """`def name(sig):` and its docstring, as in a HumanEval problem. `summary_only` keeps the first
+    paragraph alone: a second stub per function wherever the docstring has more than one paragraph
+    (with one paragraph both forms are the same prompt, which generation skips as a repeat)."""
+    body = textwrap.indent(doc.split("\n\n")[0] if summary_only else doc, "    ")
+    return f'def {name}{sig}:\n    """{body.strip()}\n    """\n'
+
+
 def docstring_prompts(rng: random.Random, n: int) -> list[str]:
     funcs = documented_functions()
     out = []
     for _ in range(n):
         name, sig, doc = rng.choice(funcs)
         if rng.random() < 0.5:
-            body = textwrap.indent(doc, "    ")
-            stub = f'def {name}{sig}:\n    """{body.strip()}\n    """\n'
-            out.append(HUMANEVAL_WRAPPER.format(stub=stub))
+            out.append(HUMANEVAL_WRAPPER.format(stub=humaneval_stub(name, sig, doc, summary_only=rng.random() < 0.5)))
         else:
             verb = rng.choice(["Write a Python function", "Implement a Python function",
                                "Write a function in Python", "Create a Python function"])
