@@ -17,6 +17,8 @@ import argparse
 import collections
 import re
 
+from repeats import shard_number  # scripts/repeats.py (this script's directory is on sys.path)
+
 from dflash_robot.targets.loading import default_target_path, load_target_model
 from dflash_robot.training import prompts as P
 from dflash_robot.training.data import Shard, shard_paths
@@ -37,7 +39,7 @@ def main() -> None:
     samples: collections.Counter[str] = collections.Counter()
     tokens: collections.Counter[str] = collections.Counter()
     for path in shard_paths(args.data):
-        if "-v1-" in path.stem or not lo <= int(path.stem.split("-")[-1]) <= hi:
+        if not lo <= shard_number(path.stem) <= hi:
             continue
         shard = Shard.load(path)
         if shard.source != "docstring":
