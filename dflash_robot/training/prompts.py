@@ -7,6 +7,8 @@ prompts the target writes itself (it needs the model, see `data.self_written`). 
   turned into coding requests, half as a HumanEval-shaped stub (signature + docstring, whole or
   its first paragraph alone, in z-lab's HumanEval wrapper), half as "Write a Python function
   `f(x)` that ...";
+- `algo`: small algorithmic problems (lists, strings, digits) composed from a catalogue, as
+  HumanEval-shaped stubs whose docstring examples come from a reference (`algo.py`);
 - `math`: grade-school word problems filled from templates (names, items, numbers drawn
   at random), with z-lab's GSM8K suffix;
 - `selfmath` / `self`: the target writes a math word problem / a general user turn from a
@@ -23,6 +25,8 @@ import random
 import re
 import textwrap
 from functools import lru_cache
+
+from dflash_robot.training import algo
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_WRAPPER = ("Write a solution to the following problem and make sure that it passes the tests:\n"
@@ -226,5 +230,9 @@ def selfmath_instructions(rng: random.Random, n: int) -> list[str]:
             f"{rng.choice(MATH_SHAPES)} to solve. Write only the problem, not the solution." for _ in range(n)]
 
 
-STATIC_SOURCES = {"docstring": docstring_prompts, "math": math_prompts}
-SOURCES = ("docstring", "math", "selfmath", "self")
+def algo_prompts(rng: random.Random, n: int) -> list[str]:
+    return algo.algo_prompts(rng, n, HUMANEVAL_WRAPPER)
+
+
+STATIC_SOURCES = {"docstring": docstring_prompts, "math": math_prompts, "algo": algo_prompts}
+SOURCES = ("docstring", "math", "algo", "selfmath", "self")

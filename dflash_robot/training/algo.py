@@ -1,0 +1,412 @@
+"""The `algo` prompt source: small algorithmic problems as HumanEval-shaped stubs.
+
+`docstring` stubs describe library functions, whose answers are mostly short wrappers around the
+library. HumanEval asks for algorithmic bodies: loops over lists, strings and digits. This source
+composes such problems from a catalogue of tasks (an input kind, a description, a reference
+implementation) and, for list tasks, a predicate with its parameter. The examples in every
+docstring are computed by running the reference, so they are right; the input values are drawn at
+random, so prompts rarely repeat. Nothing here reads an evaluation set.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+# ---------------------------------------------------------------- helpers for the references
+
+
+def _is_prime(v: int) -> bool:
+    return v >= 2 and all(v % d for d in range(2, int(v ** 0.5) + 1))
+
+
+def _is_square(v: int) -> bool:
+    return v >= 0 and int(v ** 0.5) ** 2 == v
+
+
+def _digit_sum(v: int) -> int:
+    return sum(int(c) for c in str(abs(v)))
+
+
+def _rle(s: str) -> str:
+    out: list[str] = []
+    for c in s:
+        if out and out[-1][0] == c:
+            out[-1] += c
+        else:
+            out.append(c)
+    return "".join(f"{run[0]}{len(run)}" for run in out)
+
+
+def _caesar(s: str, k: int) -> str:
+    return "".join(chr((ord(c) - 97 + k) % 26 + 97) if "a" <= c <= "z" else c for c in s)
+
+
+def _longest_run(xs: list[int]) -> int:
+    best = run = 0
+    for i, v in enumerate(xs):
+        run = run + 1 if i and v > xs[i - 1] else 1
+        best = max(best, run)
+    return best
+
+
+def _max_subarray(xs: list[int]) -> int:
+    best, cur = xs[0], 0
+    for v in xs:
+        cur = max(v, cur + v)
+        best = max(best, cur)
+    return best
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for c in s:
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _collatz(n: int) -> int:
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def _interleave(xs: list[int]) -> list[int]:
+    half = (len(xs) + 1) // 2
+    return [xs[i // 2 + (i % 2) * half] for i in range(len(xs))]
+
+
+def _repeated(s: str) -> list[str]:
+    return sorted(c for c, n in Counter(s).items() if n > 1 and c != " ")
+
+
+def _common_prefix(words: list[str]) -> str:
+    if not words:
+        return ""
+    p = words[0]
+    for w in words[1:]:
+        while not w.startswith(p):
+            p = p[:-1]
+    return p
+
+
+# ---------------------------------------------------------------- the catalogue
+
+@dataclass(frozen=True)
+class Pred:
+    slug: str          # used in the function name, `{k}` filled in
+    text: str          # "even", "divisible by {k}"
+    test: Callable[[int, int], bool]
+    k: tuple[int, int] | None = None
+
+
+PREDS = (
+    Pred("even", "even", lambda v, k: v % 2 == 0),
+    Pred("odd", "odd", lambda v, k: v % 2 != 0),
+    Pred("positive", "positive", lambda v, k: v > 0),
+    Pred("negative", "negative", lambda v, k: v < 0),
+    Pred("multiple_of_{k}", "a multiple of {k}", lambda v, k: v % k == 0, (3, 9)),
+    Pred("greater_than_{k}", "greater than {k}", lambda v, k: v > k, (0, 15)),
+    Pred("less_than_{k}", "less than {k}", lambda v, k: v < k, (0, 15)),
+    Pred("prime", "prime", lambda v, k: _is_prime(v)),
+    Pred("square", "a perfect square", lambda v, k: _is_square(v)),
+    Pred("two_digit", "a two-digit number (10 to 99 or -99 to -10)", lambda v, k: 10 <= abs(v) <= 99),
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str          # ints | text | words | int
+    name: str          # function name; `{p}` is the predicate's slug, `{k}` the parameter
+    text: str          # what to return; `{p}` is the predicate's text
+    ref: Callable[..., Any]  # (x, k, pred) -> result
+    ret: str           # return annotation
+    k: tuple[int, int] | None = None
+    uses_pred: bool = False
+
+
+def _sel(xs: list[int], k: int, p: Pred) -> list[int]:
+    return [v for v in xs if p.test(v, k)]
+
+
+VOWELS = "aeiouAEIOU"
+
+TASKS = (
+    # lists of integers, with a predicate
+    Task("ints", "sum_{p}", "return the sum of the elements that are {p}. Return 0 if there are none.",
+         lambda xs, k, p: sum(_sel(xs, k, p)), "int", uses_pred=True),
+    Task("ints", "count_{p}", "return how many elements are {p}.",
+         lambda xs, k, p: len(_sel(xs, k, p)), "int", uses_pred=True),
+    Task("ints", "keep_{p}", "return a list of the elements that are {p}, in their original order.",
+         lambda xs, k, p: _sel(xs, k, p), "List[int]", uses_pred=True),
+    Task("ints", "remove_{p}", "return the list without the elements that are {p}.",
+         lambda xs, k, p: [v for v in xs if not p.test(v, k)], "List[int]", uses_pred=True),
+    Task("ints", "largest_{p}", "return the largest element that is {p}, or None if there is none.",
+         lambda xs, k, p: max(_sel(xs, k, p), default=None), "Optional[int]", uses_pred=True),
+    Task("ints", "smallest_{p}", "return the smallest element that is {p}, or None if there is none.",
+         lambda xs, k, p: min(_sel(xs, k, p), default=None), "Optional[int]", uses_pred=True),
+    Task("ints", "index_of_first_{p}",
+         "return the index of the first element that is {p}, or -1 if there is none.",
+         lambda xs, k, p: next((i for i, v in enumerate(xs) if p.test(v, k)), -1), "int", uses_pred=True),
+    Task("ints", "all_{p}", "return True if every element is {p}, and False otherwise. An empty list gives True.",
+         lambda xs, k, p: all(p.test(v, k) for v in xs), "bool", uses_pred=True),
+    Task("ints", "any_{p}", "return True if at least one element is {p}, and False otherwise.",
+         lambda xs, k, p: any(p.test(v, k) for v in xs), "bool", uses_pred=True),
+    Task("ints", "square_{p}",
+         "return a new list in which every element that is {p} is squared and the others are unchanged.",
+         lambda xs, k, p: [v * v if p.test(v, k) else v for v in xs], "List[int]", uses_pred=True),
+    Task("ints", "split_{p}",
+         "return a tuple of two lists: the elements that are {p}, then the others, each in their original order.",
+         lambda xs, k, p: (_sel(xs, k, p), [v for v in xs if not p.test(v, k)]),
+         "Tuple[List[int], List[int]]", uses_pred=True),
+    # lists of integers
+    Task("ints", "running_sum", "return the running sums: element i of the result is the sum of the first i + 1 "
+         "elements.", lambda xs, k, p: [sum(xs[:i + 1]) for i in range(len(xs))], "List[int]"),
+    Task("ints", "differences", "return the differences between consecutive elements (each element minus the one "
+         "before it). A list with fewer than two elements gives an empty list.",
+         lambda xs, k, p: [b - a for a, b in pairwise(xs)], "List[int]"),
+    Task("ints", "second_largest", "return the second largest distinct value, or None if there are fewer than two "
+         "distinct values.", lambda xs, k, p: sorted(set(xs))[-2] if len(set(xs)) > 1 else None, "Optional[int]"),
+    Task("ints", "unique_in_order", "return the elements without duplicates, keeping the first occurrence of each "
+         "in order.", lambda xs, k, p: list(dict.fromkeys(xs)), "List[int]"),
+    Task("ints", "value_range", "return the largest element minus the smallest. An empty list gives 0.",
+         lambda xs, k, p: max(xs) - min(xs) if xs else 0, "int"),
+    Task("ints", "rotate_left", "return the list rotated left by {k} positions (the first {k} elements move to the "
+         "end, wrapping around for short lists).", lambda xs, k, p: xs[k % len(xs):] + xs[:k % len(xs)] if xs else [],
+         "List[int]", k=(1, 4)),
+    Task("ints", "chunk_sums", "split the list into consecutive chunks of {k} elements (the last one may be "
+         "shorter) and return the sum of each chunk.",
+         lambda xs, k, p: [sum(xs[i:i + k]) for i in range(0, len(xs), k)], "List[int]", k=(2, 4)),
+    Task("ints", "most_common", "return the value that occurs most often; on a tie return the smallest of them. "
+         "An empty list gives None.",
+         lambda xs, k, p: min(xs, key=lambda v: (-xs.count(v), v)) if xs else None, "Optional[int]"),
+    Task("ints", "longest_increasing_run", "return the length of the longest run of consecutive elements that "
+         "strictly increase. An empty list gives 0.", lambda xs, k, p: _longest_run(xs), "int"),
+    Task("ints", "count_pairs_with_sum", "return the number of pairs of positions i < j whose elements add up "
+         "to {k}.", lambda xs, k, p: sum(xs[i] + xs[j] == k for i in range(len(xs)) for j in range(i + 1, len(xs))),
+         "int", k=(4, 20)),
+    Task("ints", "alternating_sum", "return the first element minus the second plus the third minus the fourth, "
+         "and so on. An empty list gives 0.", lambda xs, k, p: sum(v if i % 2 == 0 else -v for i, v in enumerate(xs)),
+         "int"),
+    Task("ints", "sort_by_digit_sum", "return the elements sorted by the sum of the digits of their absolute "
+         "value, keeping the original order of elements with equal sums.",
+         lambda xs, k, p: sorted(xs, key=_digit_sum), "List[int]"),
+    Task("ints", "below_average", "return the elements that are smaller than the average of the list, in their "
+         "original order.", lambda xs, k, p: [v for v in xs if v * len(xs) < sum(xs)], "List[int]"),
+    Task("ints", "max_subarray_sum", "return the largest sum of a non-empty run of consecutive elements. "
+         "The list is not empty.", lambda xs, k, p: _max_subarray(xs), "int"),
+    Task("ints", "is_sorted", "return True if the elements are in non-decreasing order, and False otherwise.",
+         lambda xs, k, p: all(a <= b for a, b in pairwise(xs)), "bool"),
+    Task("ints", "running_max", "return a list whose element i is the largest of the first i + 1 elements.",
+         lambda xs, k, p: [max(xs[:i + 1]) for i in range(len(xs))], "List[int]"),
+    Task("ints", "count_greater_than_previous", "return how many elements are greater than the element just "
+         "before them.", lambda xs, k, p: sum(b > a for a, b in pairwise(xs)), "int"),
+    Task("ints", "sum_of_squares", "return the sum of the squares of the elements.",
+         lambda xs, k, p: sum(v * v for v in xs), "int"),
+    Task("ints", "interleave_halves", "split the list into a first half and a second half (the first half gets the "
+         "extra element when the length is odd) and return their elements interleaved, starting with the first "
+         "half.", lambda xs, k, p: _interleave(xs), "List[int]"),
+    # strings
+    Task("text", "count_vowels", "return the number of vowels (a, e, i, o, u, in either case) in the string.",
+         lambda s, k, p: sum(c in VOWELS for c in s), "int"),
+    Task("text", "count_uppercase", "return the number of uppercase letters in the string.",
+         lambda s, k, p: sum(c.isupper() for c in s), "int"),
+    Task("text", "reverse_words", "return the words of the string in reverse order, separated by single spaces.",
+         lambda s, k, p: " ".join(s.split()[::-1]), "str"),
+    Task("text", "capitalize_words", "return the string with the first letter of every word in uppercase and the "
+         "other letters in lowercase; words are separated by single spaces.",
+         lambda s, k, p: " ".join(w.capitalize() for w in s.split(" ")), "str"),
+    Task("text", "is_palindrome", "return True if the string reads the same backwards when case and every "
+         "character that is not a letter are ignored.",
+         lambda s, k, p: [c.lower() for c in s if c.isalpha()] == [c.lower() for c in s if c.isalpha()][::-1],
+         "bool"),
+    Task("text", "remove_vowels", "return the string with every vowel (a, e, i, o, u, in either case) removed.",
+         lambda s, k, p: "".join(c for c in s if c not in VOWELS), "str"),
+    Task("text", "longest_word", "return the longest word of the string (words are separated by spaces); on a tie "
+         "return the first one. An empty string gives an empty string.",
+         lambda s, k, p: max(s.split(), key=len, default=""), "str"),
+    Task("text", "repeated_characters", "return a sorted list of the characters that occur more than once in the "
+         "string, ignoring spaces.", lambda s, k, p: _repeated(s),
+         "List[str]"),
+    Task("text", "run_length_encode", "return the run-length encoding of the string: each run of equal characters "
+         "becomes the character followed by the length of the run.", lambda s, k, p: _rle(s), "str"),
+    Task("text", "shift_letters", "return the string with every lowercase letter shifted {k} places forward in the "
+         "alphabet, wrapping from z to a; other characters are unchanged.", lambda s, k, p: _caesar(s, k), "str",
+         k=(1, 5)),
+    Task("text", "alternate_case", "return the string with the characters at even positions in uppercase and "
+         "those at odd positions in lowercase.",
+         lambda s, k, p: "".join(c.upper() if i % 2 == 0 else c.lower() for i, c in enumerate(s)), "str"),
+    Task("text", "first_unique_character", "return the first character that occurs exactly once in the string, "
+         "or an empty string if there is none.",
+         lambda s, k, p: next((c for c in s if s.count(c) == 1), ""), "str"),
+    Task("text", "character_counts", "return a dictionary that maps every letter of the string, in lowercase, to "
+         "the number of times it occurs, ignoring case; characters that are not letters are not counted.",
+         lambda s, k, p: dict(Counter(c.lower() for c in s if c.isalpha())), "Dict[str, int]"),
+    Task("text", "is_balanced", "return True if the parentheses in the string are balanced: every '(' has a "
+         "matching ')' after it, and no ')' comes before its '('.", lambda s, k, p: _balanced(s), "bool"),
+    Task("text", "count_words_longer_than", "return how many words of the string (separated by spaces) have more "
+         "than {k} characters.", lambda s, k, p: sum(len(w) > k for w in s.split()), "int", k=(2, 5)),
+    # lists of strings
+    Task("words", "longer_than", "return the strings that have more than {k} characters, in their original order.",
+         lambda ws, k, p: [w for w in ws if len(w) > k], "List[str]", k=(2, 5)),
+    Task("words", "longest_string", "return the longest string; on a tie return the first one. An empty list gives "
+         "None.", lambda ws, k, p: max(ws, key=len) if ws else None, "Optional[str]"),
+    Task("words", "sort_by_length", "return the strings sorted by length, and strings of equal length in "
+         "alphabetical order.", lambda ws, k, p: sorted(ws, key=lambda w: (len(w), w)), "List[str]"),
+    Task("words", "count_palindromes", "return how many of the strings read the same backwards.",
+         lambda ws, k, p: sum(w == w[::-1] for w in ws), "int"),
+    Task("words", "group_by_length", "return a dictionary that maps each length to the list of strings of that "
+         "length, in their original order.",
+         lambda ws, k, p: {n: [w for w in ws if len(w) == n] for n in dict.fromkeys(len(w) for w in ws)},
+         "Dict[int, List[str]]"),
+    Task("words", "total_length", "return the total number of characters in all the strings.",
+         lambda ws, k, p: sum(len(w) for w in ws), "int"),
+    Task("words", "common_prefix", "return the longest prefix shared by all the strings. An empty list gives an "
+         "empty string.", lambda ws, k, p: _common_prefix(ws), "str"),
+    Task("words", "first_letters", "return a string made of the first letter of every non-empty string.",
+         lambda ws, k, p: "".join(w[0] for w in ws if w), "str"),
+    Task("words", "remove_duplicates", "return the strings without duplicates, ignoring case, keeping the first "
+         "occurrence of each.",
+         lambda ws, k, p: [w for i, w in enumerate(ws) if w.lower() not in {v.lower() for v in ws[:i]}],
+         "List[str]"),
+    # integers
+    Task("int", "digit_sum", "return the sum of the digits of n.", lambda n, k, p: _digit_sum(n), "int"),
+    Task("int", "count_divisors", "return the number of positive divisors of n (n is positive).",
+         lambda n, k, p: sum(n % d == 0 for d in range(1, n + 1)), "int"),
+    Task("int", "is_prime", "return True if n is a prime number, and False otherwise.",
+         lambda n, k, p: _is_prime(n), "bool"),
+    Task("int", "fibonacci", "return the n-th Fibonacci number, where fibonacci(0) is 0 and fibonacci(1) is 1.",
+         lambda n, k, p: _fib(n), "int"),
+    Task("int", "collatz_steps", "return how many steps the Collatz process takes to reach 1 from n: halve an even "
+         "number, and replace an odd number x with 3 * x + 1.", lambda n, k, p: _collatz(n), "int"),
+    Task("int", "to_binary", "return the binary representation of n as a string of 0s and 1s, without a prefix.",
+         lambda n, k, p: format(n, "b"), "str"),
+    Task("int", "reverse_digits", "return the number whose digits are those of n in reverse order.",
+         lambda n, k, p: int(str(n)[::-1]), "int"),
+    Task("int", "digital_root", "repeatedly replace n with the sum of its digits until a single digit is left, "
+         "and return that digit.", lambda n, k, p: n if n < 10 else 1 + (n - 1) % 9, "int"),
+    Task("int", "sum_of_multiples", "return the sum of all positive numbers below n that are multiples of {k} or "
+         "of 5.", lambda n, k, p: sum(v for v in range(1, n) if v % k == 0 or v % 5 == 0), "int", k=(2, 4)),
+    Task("int", "count_primes_below", "return how many prime numbers are smaller than n.",
+         lambda n, k, p: sum(_is_prime(v) for v in range(n)), "int"),
+    Task("int", "count_set_bits", "return the number of 1 bits in the binary representation of n.",
+         lambda n, k, p: bin(n).count("1"), "int"),
+    Task("int", "is_power_of_two", "return True if n is a power of two (1, 2, 4, 8, ...), and False otherwise.",
+         lambda n, k, p: n > 0 and n & (n - 1) == 0, "bool"),
+    Task("int", "largest_prime_factor", "return the largest prime factor of n (n is at least 2).",
+         lambda n, k, p: max(d for d in range(2, n + 1) if n % d == 0 and _is_prime(d)), "int"),
+    Task("int", "is_perfect", "return True if n equals the sum of its positive divisors other than itself.",
+         lambda n, k, p: n == sum(d for d in range(1, n) if n % d == 0), "bool"),
+)
+
+ARG = {"ints": ("numbers", "List[int]"), "text": ("text", "str"), "words": ("strings", "List[str]"),
+       "int": ("n", "int")}
+INTRO = {
+    "ints": ["Given a list of integers, ", "You are given a list of integers `numbers`. ",
+             "Take a list of integers and ", "For the list of integers `numbers`, "],
+    "text": ["Given a string, ", "You are given a string `text`. ", "Take a string and ", "For the string `text`, "],
+    "words": ["Given a list of strings, ", "You are given a list of strings `strings`. ",
+              "Take a list of strings and ", "For the list of strings `strings`, "],
+    "int": ["Given an integer n, ", "You are given an integer `n`. ", "Take an integer n and ", "For the number n, "],
+}
+WORDS = ("apple", "level", "stone", "river", "noon", "Kayak", "tree", "sun", "banana", "code", "radar", "data",
+         "loop", "moon", "Python", "list", "wow", "green", "a", "bb", "cat", "dog", "Anna", "sky", "bird", "ocean",
+         "plan", "test", "rotor", "night", "day", "star", "lamp", "map", "Hello", "world", "apply", "apt")
+
+
+def _example(task: Task, rng: random.Random) -> Any:
+    if task.kind == "ints":
+        lo = 1 if task.name == "max_subarray_sum" else 0
+        return [rng.randint(-12, 40) for _ in range(rng.randint(lo, 8))]
+    if task.kind == "words":
+        return [rng.choice(WORDS) for _ in range(rng.randint(0, 6))]
+    if task.kind == "int":
+        top = {"fibonacci": 25, "count_divisors": 200, "collatz_steps": 60, "count_primes_below": 100,
+               "largest_prime_factor": 300, "is_perfect": 500}.get(task.name, 5000)
+        lo = 2 if task.name == "largest_prime_factor" else 1 if task.name in ("count_divisors", "collatz_steps") else 0
+        return rng.choice([6, 28, 496]) if task.name == "is_perfect" and rng.random() < 0.3 else rng.randint(lo, top)
+    if task.name == "is_balanced":
+        return "".join(rng.choice("(()) ab") for _ in range(rng.randint(0, 10)))
+    if task.name == "run_length_encode":
+        return "".join(rng.choice("abcxyz") * rng.randint(1, 4) for _ in range(rng.randint(0, 5)))
+    words = [rng.choice(WORDS) for _ in range(rng.randint(0 if task.name == "longest_word" else 1, 5))]
+    return " ".join(w.upper() if rng.random() < 0.15 else w for w in words) + rng.choice(["", "", "!", "."])
+
+
+@dataclass(frozen=True)
+class AlgoProblem:
+    """One drawn problem: the stub a user sees, and the parts a test checks it against."""
+    task: str
+    name: str
+    stub: str
+    reference: Callable[[Any], Any]
+    examples: tuple[tuple[Any, Any], ...]
+
+
+def draw_problem(rng: random.Random) -> AlgoProblem:
+    task = rng.choice(TASKS)
+    pred = rng.choice(PREDS) if task.uses_pred else None
+    k = rng.randint(*(task.k or (pred.k if pred and pred.k else (0, 0))))
+    slug = pred.slug.format(k=k) if pred else ""
+    name = task.name.format(p=slug, k=k)
+    text = task.text.format(p=pred.text.format(k=k) if pred else "", k=k)
+
+    def reference(x: Any) -> Any:
+        return task.ref(x, k, pred)
+
+    examples: list[tuple[Any, Any]] = []
+    want = rng.randint(2, 3)
+    for _ in range(20):  # distinct inputs; tasks with few possible inputs may end with fewer
+        if len(examples) == want:
+            break
+        x = _example(task, rng)
+        if all(x != e for e, _ in examples):
+            examples.append((x, reference(x)))
+    arg, ann = ARG[task.kind]
+    typed = rng.random() < 0.6
+    sig = f"({arg}: {ann}) -> {task.ret}" if typed else f"({arg})"
+    style = rng.randrange(3)
+    lines = []
+    for x, y in examples:
+        if style == 0:  # doctest: None prints nothing, so it is shown through print()
+            lines += [f">>> print({name}({x!r}))", str(y)] if y is None else [f">>> {name}({x!r})", repr(y)]
+        elif style == 1:
+            lines.append(f"{name}({x!r}) == {y!r}")
+        else:
+            lines.append(f"{name}({x!r}) -> {y!r}")
+    head = {0: "", 1: "For example:\n", 2: "Examples:\n"}[style]
+    doc = textwrap.fill(rng.choice(INTRO[task.kind]) + text, 96) + "\n\n" + head + "\n".join(lines)
+    body = "\n".join(("    " + line) if line else "" for line in doc.split("\n"))
+    typing = sorted(t for t in ("List", "Optional", "Tuple", "Dict") if typed and t in ann + task.ret)
+    header = f"from typing import {', '.join(typing)}\n\n\n" if typing else ""
+    stub = f'{header}def {name}{sig}:\n    """{body.lstrip()}\n    """\n'
+    return AlgoProblem(task.name, name, stub, reference, tuple(examples))
+
+
+def algo_prompts(rng: random.Random, n: int, wrapper: str) -> list[str]:
+    """Three in four as a stub in `wrapper` (HumanEval's), one in four as a plain request."""
+    out = []
+    for _ in range(n):
+        prob = draw_problem(rng)
+        if rng.random() < 0.75:
+            out.append(wrapper.format(stub=prob.stub))
+        else:
+            verb = rng.choice(["Write a Python function", "Implement a Python function", "Complete this function"])
+            out.append(f"{verb} so that it passes the examples in its docstring.\n\n```python\n{prob.stub}```")
+    return out
