@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from dflash_robot.training.prompts import HUMANEVAL_WRAPPER, humaneval_stub
+
 # ---------------------------------------------------------------- helpers for the references
 
 
@@ -330,6 +332,10 @@ WORDS = ("apple", "level", "stone", "river", "noon", "Kayak", "tree", "sun", "ba
          "plan", "test", "rotor", "night", "day", "star", "lamp", "map", "Hello", "world", "apply", "apt")
 
 
+INT_RANGE = {"fibonacci": (0, 25), "count_divisors": (1, 200), "collatz_steps": (1, 60),
+             "count_primes_below": (0, 100), "largest_prime_factor": (2, 300), "is_perfect": (0, 500)}
+
+
 def _example(task: Task, rng: random.Random) -> Any:
     if task.kind == "ints":
         lo = 1 if task.name == "max_subarray_sum" else 0
@@ -337,10 +343,9 @@ def _example(task: Task, rng: random.Random) -> Any:
     if task.kind == "words":
         return [rng.choice(WORDS) for _ in range(rng.randint(0, 6))]
     if task.kind == "int":
-        top = {"fibonacci": 25, "count_divisors": 200, "collatz_steps": 60, "count_primes_below": 100,
-               "largest_prime_factor": 300, "is_perfect": 500}.get(task.name, 5000)
-        lo = 2 if task.name == "largest_prime_factor" else 1 if task.name in ("count_divisors", "collatz_steps") else 0
-        return rng.choice([6, 28, 496]) if task.name == "is_perfect" and rng.random() < 0.3 else rng.randint(lo, top)
+        if task.name == "is_perfect" and rng.random() < 0.3:
+            return rng.choice([6, 28, 496])
+        return rng.randint(*INT_RANGE.get(task.name, (0, 5000)))
     if task.name == "is_balanced":
         return "".join(rng.choice("(()) ab") for _ in range(rng.randint(0, 10)))
     if task.name == "run_length_encode":
@@ -392,20 +397,19 @@ def draw_problem(rng: random.Random) -> AlgoProblem:
             lines.append(f"{name}({x!r}) -> {y!r}")
     head = {0: "", 1: "For example:\n", 2: "Examples:\n"}[style]
     doc = textwrap.fill(rng.choice(INTRO[task.kind]) + text, 96) + "\n\n" + head + "\n".join(lines)
-    body = "\n".join(("    " + line) if line else "" for line in doc.split("\n"))
     typing = sorted(t for t in ("List", "Optional", "Tuple", "Dict") if typed and t in ann + task.ret)
     header = f"from typing import {', '.join(typing)}\n\n\n" if typing else ""
-    stub = f'{header}def {name}{sig}:\n    """{body.lstrip()}\n    """\n'
+    stub = header + humaneval_stub(name, sig, doc)
     return AlgoProblem(task.name, name, stub, reference, tuple(examples))
 
 
-def algo_prompts(rng: random.Random, n: int, wrapper: str) -> list[str]:
-    """Three in four as a stub in `wrapper` (HumanEval's), one in four as a plain request."""
+def algo_prompts(rng: random.Random, n: int) -> list[str]:
+    """Three in four as a stub in z-lab's HumanEval wrapper, one in four as a plain request."""
     out = []
     for _ in range(n):
         prob = draw_problem(rng)
         if rng.random() < 0.75:
-            out.append(wrapper.format(stub=prob.stub))
+            out.append(HUMANEVAL_WRAPPER.format(stub=prob.stub))
         else:
             verb = rng.choice(["Write a Python function", "Implement a Python function", "Complete this function"])
             out.append(f"{verb} so that it passes the examples in its docstring.\n\n```python\n{prob.stub}```")

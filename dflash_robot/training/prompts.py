@@ -26,8 +26,6 @@ import re
 import textwrap
 from functools import lru_cache
 
-from dflash_robot.training import algo
-
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_WRAPPER = ("Write a solution to the following problem and make sure that it passes the tests:\n"
                      "```python\n{stub}\n```")
@@ -231,7 +229,9 @@ def selfmath_instructions(rng: random.Random, n: int) -> list[str]:
 
 
 def algo_prompts(rng: random.Random, n: int) -> list[str]:
-    return algo.algo_prompts(rng, n, HUMANEVAL_WRAPPER)
+    from dflash_robot.training import algo  # algo builds on this module's stub and wrapper
+
+    return algo.algo_prompts(rng, n)
 
 
 STATIC_SOURCES = {"docstring": docstring_prompts, "math": math_prompts, "algo": algo_prompts}
