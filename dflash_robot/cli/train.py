@@ -30,7 +30,7 @@ def add_data_parser(sub: Any) -> None:
     d.set_defaults(dtype="bfloat16")
     d.add_argument("--out", required=True, help="data directory (shards are added to it)")
     d.add_argument("--sources", default="docstring:4,math:3,selfmath:1,self:2",
-                   help="prompt sources with weights (docstring, math, algo, selfmath, self); shards cycle "
+                   help="prompt sources with weights (docstring, math, algo, wordmath, selfmath, self); shards cycle "
                         "through them")
     d.add_argument("--shards", type=int_at_least(1), default=100, help="total shards wanted in --out")
     d.add_argument("--batch-size", type=int_at_least(1), default=64, help="prompts per shard (one batch)")

@@ -11,6 +11,9 @@ prompts the target writes itself (it needs the model, see `data.self_written`). 
   HumanEval-shaped stubs whose docstring examples come from a reference (`algo.py`);
 - `math`: grade-school word problems filled from templates (names, items, numbers drawn
   at random), with z-lab's GSM8K suffix;
+- `wordmath`: multi-step word problems composed from frames and events (a quantity changed
+  several times, totals tied by relations, rates with a change of units, discounts, clock times),
+  each with its computed answer (`wordmath.py`), with the same suffix;
 - `selfmath` / `self`: the target writes a math word problem / a general user turn from a
   topic instruction (Magpie-style), then answers it.
 
@@ -234,5 +237,12 @@ def algo_prompts(rng: random.Random, n: int) -> list[str]:
     return algo.algo_prompts(rng, n)
 
 
-STATIC_SOURCES = {"docstring": docstring_prompts, "math": math_prompts, "algo": algo_prompts}
-SOURCES = ("docstring", "math", "algo", "selfmath", "self")
+def wordmath_prompts(rng: random.Random, n: int) -> list[str]:
+    from dflash_robot.training import wordmath  # wordmath builds on this module's names and suffix
+
+    return wordmath.wordmath_prompts(rng, n)
+
+
+STATIC_SOURCES = {"docstring": docstring_prompts, "math": math_prompts, "algo": algo_prompts,
+                  "wordmath": wordmath_prompts}
+SOURCES = ("docstring", "math", "algo", "wordmath", "selfmath", "self")
