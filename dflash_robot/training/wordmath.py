@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_robot.training.prompts import GSM8K_SUFFIX, NAMES
 
@@ -23,7 +24,7 @@ THINGS = (("stickers", "sticker"), ("marbles", "marble"), ("baseball cards", "ba
           ("beads", "bead"), ("tomatoes", "tomato"), ("crayons", "crayon"), ("comic books", "comic book"),
           ("eggs", "egg"), ("candies", "candy"), ("rocks", "rock"), ("postcards", "postcard"))
 PURPOSES = ("a school project", "a craft", "a party", "a game with friends", "decorations")
-OCCASIONS = ("a birthday present", "winning a contest", "helping a neighbor", "a holiday gift")
+GIFTS = ("a birthday present", "a prize", "a holiday gift", "a thank-you gift")
 JOBS = ("mowing lawns", "babysitting", "walking dogs", "selling lemonade", "washing cars", "tutoring")
 PURCHASES = ("a book", "lunch", "a movie ticket", "a birthday gift", "art supplies", "a video game",
              "a pair of socks", "a board game")
@@ -45,40 +46,52 @@ class WordProblem:
 @dataclass(frozen=True)
 class Event:
     """One step of a chain: `ok(x, v)` says whether it applies to the running value x with the drawn
-    values v, `apply` gives the new value, `phrases` the sentences that say it ({n} the person,
-    {f} a friend, {things}/{thing} the object, the drawn values by name)."""
+    values v (a whole, positive result), `apply` gives the new value, `phrases` the sentences that
+    say it ({n} the person, {f} a friend, {things} the object, the drawn values by name). `spends`:
+    the step takes from the value (a money question then asks what is left)."""
     name: str
     phrases: tuple[str, ...]
-    draw: Callable[[random.Random], dict[str, object]]
-    ok: Callable[[int, dict], bool]
-    apply: Callable[[int, dict], int]
+    draw: Callable[[random.Random], dict[str, Any]]
+    ok: Callable[[int, dict[str, Any]], bool]
+    apply: Callable[[int, dict[str, Any]], int]
+    spends: bool = False
 
 
-def _frac(rng: random.Random) -> dict[str, object]:
+def _frac(rng: random.Random) -> dict[str, Any]:
     word, p, q = rng.choice(FRACTIONS)
     return {"frac": word, "p": p, "q": q}
 
 
+def _goods(rng: random.Random) -> dict[str, Any]:
+    goods, lo, hi = rng.choice(GOODS)
+    return {"goods": goods, "p": rng.randint(lo, hi), "m": rng.randint(2, 6)}
+
+
+def _times(rng: random.Random) -> dict[str, Any]:
+    word, t = rng.choice((("twice", 2), ("three times", 3)))
+    return {"word": word, "t": t}
+
+
 ITEM_EVENTS = (
     Event("gain", ("{n} buys {k} more {things}.", "{f} gives {n} {k} {things}.", "{n} finds {k} more {things}.",
-                   "{n} gets {k} {things} as {occasion}."),
-          lambda r: {"k": r.randint(2, 30), "occasion": r.choice(OCCASIONS)},
+                   "{n} gets {k} {things} as {gift}."),
+          lambda r: {"k": r.randint(2, 30), "gift": r.choice(GIFTS)},
           lambda x, v: True, lambda x, v: x + v["k"]),
     Event("packs", ("{n} buys {m} packs of {things} with {k} {things} in each pack.",
                     "{n} then gets {m} boxes of {things}, and each box holds {k}."),
           lambda r: {"m": r.randint(2, 6), "k": r.randint(3, 12)},
           lambda x, v: True, lambda x, v: x + v["m"] * v["k"]),
     Event("dozen", ("{n} buys {m} dozen {things}.",),
-          lambda r: {"m": r.randint(1, 4)}, lambda x, v: True, lambda x, v: x + 12 * v["m"]),
+          lambda r: {"m": r.randint(2, 5)}, lambda x, v: True, lambda x, v: x + 12 * v["m"]),
     Event("lose", ("{n} gives {k} {things} to {f}.", "{n} loses {k} {things}.",
                    "{n} uses {k} {things} for {purpose}."),
           lambda r: {"k": r.randint(2, 25), "purpose": r.choice(PURPOSES)},
-          lambda x, v: v["k"] < x, lambda x, v: x - v["k"]),
+          lambda x, v: v["k"] < x, lambda x, v: x - v["k"], spends=True),
     Event("part", ("{n} gives {frac} of the {things} to {f}.", "{n} uses {frac} of the {things} for {purpose}."),
           lambda r: {**_frac(r), "purpose": r.choice(PURPOSES)},
-          lambda x, v: x % v["q"] == 0, lambda x, v: x - x * v["p"] // v["q"]),
+          lambda x, v: x % v["q"] == 0, lambda x, v: x - x * v["p"] // v["q"], spends=True),
     Event("times", ("After a trade with {f}, {n} has {word} as many {things} as before.",),
-          lambda r: dict(zip(("word", "t"), r.choice((("twice", 2), ("three times", 3))), strict=True)),
+          _times,
           lambda x, v: x * v["t"] <= 400, lambda x, v: x * v["t"]),
 )
 
@@ -90,46 +103,43 @@ MONEY_EVENTS = (
                      "{n} spends {h} hours {job} and is paid ${r} an hour."),
           lambda r: {"h": r.randint(2, 9), "r": r.randint(6, 18), "job": r.choice(JOBS)},
           lambda x, v: True, lambda x, v: x + v["h"] * v["r"]),
-    Event("weekly", ("{n} saves ${k} a week for {w} weeks.", "For {w} weeks, {n} puts away ${k} every week."),
+    Event("weekly", ("{n} earns ${k} a week for {w} weeks.",
+                     "For {w} weeks, {n} gets ${k} of pocket money every week."),
           lambda r: {"k": r.randint(3, 25), "w": r.randint(2, 8)},
           lambda x, v: True, lambda x, v: x + v["k"] * v["w"]),
     Event("spend", ("{n} spends ${k} on {purchase}.", "{n} pays ${k} for {purchase}."),
           lambda r: {"k": r.randint(4, 45), "purchase": r.choice(PURCHASES)},
-          lambda x, v: v["k"] < x, lambda x, v: x - v["k"]),
+          lambda x, v: v["k"] < x, lambda x, v: x - v["k"], spends=True),
     Event("buy", ("{n} buys {m} {goods} for ${p} each.", "{n} buys {m} {goods}, which cost ${p} apiece."),
-          lambda r: dict(zip(("goods", "lo", "hi"), r.choice(GOODS), strict=True)) | {"m": r.randint(2, 6)},
-          lambda x, v: v["m"] * v["p"] < x, lambda x, v: x - v["m"] * v["p"]),
+          _goods, lambda x, v: v["m"] * v["p"] < x, lambda x, v: x - v["m"] * v["p"], spends=True),
     Event("part", ("{n} spends {frac} of the money on {purchase}.", "{n} gives {frac} of the money to {f}."),
           lambda r: {**_frac(r), "purchase": r.choice(PURCHASES)},
-          lambda x, v: x % v["q"] == 0, lambda x, v: x - x * v["p"] // v["q"]),
-    Event("percent", ("{n} puts {pct}% of the money into a savings account.", "{n} donates {pct}% of the money."),
-          lambda r: {"pct": r.choice((10, 20, 25, 50))},
-          lambda x, v: x * v["pct"] % 100 == 0, lambda x, v: x - x * v["pct"] // 100),
+          lambda x, v: x % v["q"] == 0, lambda x, v: x - x * v["p"] // v["q"], spends=True),
+    Event("percent", ("{n} spends {pct}% of the money on {purchase}.", "{n} donates {pct}% of the money."),
+          lambda r: {"pct": r.choice((10, 20, 25, 50)), "purchase": r.choice(PURCHASES)},
+          lambda x, v: x * v["pct"] % 100 == 0, lambda x, v: x - x * v["pct"] // 100, spends=True),
 )
 
 
-def _draw_event(rng: random.Random, events: tuple[Event, ...], x: int) -> tuple[Event, dict] | None:
-    for _ in range(30):
+def _draw_event(rng: random.Random, events: tuple[Event, ...], x: int, last: str) -> tuple[Event, dict[str, Any]]:
+    """An event other than `last` that applies to x (each list has events that always apply)."""
+    while True:
         ev = rng.choice(events)
         v = ev.draw(rng)
-        if "lo" in v:  # a price range: draw the price
-            v["p"] = rng.randint(v.pop("lo"), v.pop("hi"))  # type: ignore[arg-type]
-        if ev.ok(x, v):
+        if ev.name != last and ev.ok(x, v):
             return ev, v
-    return None
 
 
-def _chain(rng: random.Random, events: tuple[Event, ...], x: int, names: dict[str, str]) -> tuple[list[str], int]:
-    """2-4 events applied to x: their sentences and the final value."""
+def _chain(rng: random.Random, events: tuple[Event, ...], x: int,
+           names: dict[str, str]) -> tuple[list[str], int, bool]:
+    """2-4 events applied to x: their sentences, the final value, and whether one of them spent."""
     sentences: list[str] = []
+    last, spent = "", False
     for _ in range(rng.randint(2, 4)):
-        got = _draw_event(rng, events, x)
-        if got is None:
-            break
-        ev, v = got
+        ev, v = _draw_event(rng, events, x, last)
         sentences.append(rng.choice(ev.phrases).format(**names, **v))
-        x = ev.apply(x, v)
-    return sentences, x
+        x, last, spent = ev.apply(x, v), ev.name, spent or ev.spends
+    return sentences, x, spent
 
 
 def _divisor(rng: random.Random, x: int) -> int | None:
@@ -144,7 +154,7 @@ def items_problem(rng: random.Random) -> WordProblem:
     start = rng.choice(("{n} has {x} {things}.", "{n} collects {things} and has {x} of them.",
                         "{n} starts the week with {x} {things}."))
     names = {"n": n, "f": f, "things": things, "thing": thing}
-    sentences, x = _chain(rng, ITEM_EVENTS, x0, names)
+    sentences, x, _ = _chain(rng, ITEM_EVENTS, x0, names)
     kind = rng.randrange(4)
     d = _divisor(rng, x)
     if kind == 1 and d:
@@ -164,23 +174,23 @@ def items_problem(rng: random.Random) -> WordProblem:
 def money_problem(rng: random.Random) -> WordProblem:
     n, f = rng.sample(NAMES, 2)
     x0 = rng.randint(4, 40) * 5
-    start = rng.choice(("{n} has ${x}.", "{n} has ${x} in a piggy bank.", "{n} starts the month with ${x}."))
+    start = rng.choice(("{n} has ${x}.", "{n} has ${x} in a piggy bank.", "{n} has saved ${x}."))
     names = {"n": n, "f": f}
-    sentences, x = _chain(rng, MONEY_EVENTS, x0, names)
+    sentences, x, spent = _chain(rng, MONEY_EVENTS, x0, names)
     if rng.random() < 0.35:
         cost = x + rng.randint(5, 120)
         q, ans = (f"{n} wants to buy a {rng.choice(BIG_BUYS)} that costs ${cost}. How much more money does {n} "
                   f"need?"), cost - x
     else:
-        q, ans = f"How much money does {n} have left?", x
+        q, ans = f"How much money does {n} have {'left' if spent else 'now'}?", x
     return WordProblem("money", " ".join([start.format(x=x0, **names), *sentences, q]), ans)
 
 
-# place, group word, categories with an attribute (legs, wheels) or a price
-PLACES = (
+# place, group word, categories with their legs or wheels (0: none asked), the attribute's name
+SETTINGS = (
     ("farm", "animals", (("cows", 4), ("chickens", 2), ("sheep", 4), ("goats", 4), ("ducks", 2), ("pigs", 4)),
      "legs"),
-    ("parking lot", "vehicles", (("cars", 4), ("motorcycles", 2), ("bicycles", 2), ("trucks", 6), ("vans", 4)),
+    ("parking lot", "vehicles", (("cars", 4), ("motorcycles", 2), ("bicycles", 2), ("tricycles", 3), ("vans", 4)),
      "wheels"),
     ("garden", "flowers", (("roses", 0), ("tulips", 0), ("daisies", 0), ("sunflowers", 0), ("lilies", 0)), ""),
     ("bookstore", "books", (("novels", 0), ("comic books", 0), ("cookbooks", 0), ("atlases", 0)), ""),
@@ -188,13 +198,22 @@ PLACES = (
     ("pet store", "pets", (("goldfish", 0), ("hamsters", 0), ("parrots", 0), ("rabbits", 0)), ""),
 )
 
-# relation of a new category to an earlier one: phrase, function, condition
-RELATIONS: tuple[tuple[str, Callable[[int, int], int], Callable[[int, int], bool]], ...] = (
-    ("twice as many {y} as {x}", lambda a, k: 2 * a, lambda a, k: True),
-    ("three times as many {y} as {x}", lambda a, k: 3 * a, lambda a, k: True),
-    ("half as many {y} as {x}", lambda a, k: a // 2, lambda a, k: a % 2 == 0),
-    ("{k} more {y} than {x}", lambda a, k: a + k, lambda a, k: True),
-    ("{k} fewer {y} than {x}", lambda a, k: a - k, lambda a, k: a - k >= 1),
+
+@dataclass(frozen=True)
+class Relation:
+    """A new category's count from an earlier one's (a) and a drawn k: the phrase ({y} the new
+    category, {x} the earlier one), the count, and when it is whole and positive."""
+    phrase: str
+    count: Callable[[int, int], int]
+    ok: Callable[[int, int], bool] = lambda a, k: True
+
+
+RELATIONS = (
+    Relation("twice as many {y} as {x}", lambda a, k: 2 * a),
+    Relation("three times as many {y} as {x}", lambda a, k: 3 * a),
+    Relation("half as many {y} as {x}", lambda a, k: a // 2, lambda a, k: a % 2 == 0),
+    Relation("{k} more {y} than {x}", lambda a, k: a + k),
+    Relation("{k} fewer {y} than {x}", lambda a, k: a - k, lambda a, k: a - k >= 1),
 )
 
 
@@ -202,20 +221,20 @@ def _join(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
 
+def _plural(k: int, word: str) -> str:
+    return f"{k} {word}" if k == 1 else f"{k} {word}s"
+
+
 def totals_problem(rng: random.Random) -> WordProblem:
-    place, group, cats, attr = rng.choice(PLACES)
+    place, group, cats, attr = rng.choice(SETTINGS)
     chosen = rng.sample(cats, rng.randint(2, 3))
     counts = [rng.randint(4, 40)]
     parts = [f"A {place} has {counts[0]} {chosen[0][0]}."]
     for name, _ in chosen[1:]:
-        for _ in range(30):
-            j = rng.randrange(len(counts))
-            phrase, fn, cond = rng.choice(RELATIONS)
-            k = rng.randint(2, 15)
-            if cond(counts[j], k):
-                break
-        counts.append(fn(counts[j], k))
-        parts.append(f"It has {phrase.format(y=name, x=chosen[j][0], k=k)}.")
+        j, k = rng.randrange(len(counts)), rng.randint(2, 15)
+        rel = rng.choice([r for r in RELATIONS if r.ok(counts[j], k)])  # "twice" always applies
+        counts.append(rel.count(counts[j], k))
+        parts.append(f"It has {rel.phrase.format(y=name, x=chosen[j][0], k=k)}.")
     kind = rng.randrange(3)
     if kind == 0 and attr:
         q = f"How many {attr} do all the {group} have together?"
@@ -237,10 +256,10 @@ def rate_problem(rng: random.Random) -> WordProblem:
     kind = rng.randrange(4)
     if kind == 0:
         r = rng.randint(8, 40)
-        hours = [rng.randint(1, 4) for _ in range(3)]
-        total = r * sum(hours)
-        text = (f"{n} reads {r} pages an hour. {n} reads for {hours[0]} hours on Monday, {hours[1]} hours on "
-                f"Tuesday and {hours[2]} hours on Wednesday.")
+        h = [rng.randint(1, 4) for _ in range(3)]
+        total = r * sum(h)
+        text = (f"{n} reads {r} pages an hour. {n} reads for {_plural(h[0], 'hour')} on Monday, "
+                f"{_plural(h[1], 'hour')} on Tuesday and {_plural(h[2], 'hour')} on Wednesday.")
         if rng.random() < 0.5:
             book = total + rng.randint(10, 200)
             return WordProblem("rate", f"{text} The book has {book} pages. How many pages are left to read?",
@@ -248,17 +267,18 @@ def rate_problem(rng: random.Random) -> WordProblem:
         return WordProblem("rate", f"{text} How many pages does {n} read in the three days?", total)
     if kind == 1:
         widget = rng.choice(("bottles", "toys", "boxes", "bolts", "cups"))
-        r, h, d = rng.randint(2, 15), rng.randint(2, 8), rng.randint(2, 6)
-        return WordProblem("rate", f"A machine makes {r} {widget} every minute. It runs for {h} hours a day. "
-                                   f"How many {widget} does it make in {d} days?", r * 60 * h * d)
+        r, hours, d = rng.randint(2, 15), rng.randint(2, 8), rng.randint(2, 6)
+        return WordProblem("rate", f"A machine makes {r} {widget} every minute. It runs for {hours} hours a day. "
+                                   f"How many {widget} does it make in {d} days?", r * 60 * hours * d)
     if kind == 2:
         r, fill = rng.choice((5, 10, 12, 15, 20, 25, 30)), rng.randint(1, 6)
         cap = r * 60 * fill
         return WordProblem("rate", f"A hose fills a pool with {r} liters of water per minute. The pool holds {cap} "
                                    f"liters. How many hours does it take to fill the empty pool?", fill)
     v1, h1, v2, h2 = rng.randint(4, 13) * 5, rng.randint(1, 4), rng.randint(4, 13) * 5, rng.randint(1, 4)
-    return WordProblem("rate", f"{n} drives at {v1} miles per hour for {h1} hours, then at {v2} miles per hour for "
-                               f"{h2} hours. How many miles does {n} drive in all?", v1 * h1 + v2 * h2)
+    return WordProblem("rate", f"{n} drives at {v1} miles per hour for {_plural(h1, 'hour')}, then at {v2} miles "
+                               f"per hour for {_plural(h2, 'hour')}. How many miles does {n} drive in all?",
+                       v1 * h1 + v2 * h2)
 
 
 def discount_problem(rng: random.Random) -> WordProblem:
@@ -266,13 +286,13 @@ def discount_problem(rng: random.Random) -> WordProblem:
     goods = rng.choice(("jackets", "lamps", "chairs", "backpacks", "pairs of shoes", "watches"))
     price = rng.randint(1, 12) * 20
     pct = rng.choice((10, 15, 20, 25, 30, 40, 50))
-    k = rng.randint(1, 5)
+    k = rng.randint(2, 5)
     sale = price * (100 - pct) // 100
     text = f"A store sells {goods} for ${price} each. This week everything is {pct}% off. {n} buys {k} {goods}."
     paid = k * sale
     if rng.random() < 0.4 and paid > 10:
-        coupon = rng.randint(1, min(paid // 5, 30) or 1)
-        text += f" {n} also uses a ${coupon} coupon on the total."
+        coupon = rng.randint(1, min(paid // 5, 30))
+        text += f" {n} also uses a coupon that takes ${coupon} off the total."
         paid -= coupon
     if rng.random() < 0.5:
         return WordProblem("discount", f"{text} How much does {n} pay?", paid)
@@ -290,8 +310,7 @@ def _duration(m: int) -> str:
     h, r = divmod(m, 60)
     if not h:
         return f"{m} minutes"
-    hours = f"{h} hour{'s' if h > 1 else ''}"
-    return hours if not r else f"{hours} and {r} minutes"
+    return _plural(h, "hour") + (f" and {r} minutes" if r else "")
 
 
 def clock_problem(rng: random.Random) -> WordProblem:
@@ -301,14 +320,14 @@ def clock_problem(rng: random.Random) -> WordProblem:
                        "walking the dog", "painting", "writing a letter"), rng.randint(2, 3))
     mins = [rng.randint(2, 18) * 5 for _ in acts]
     steps = [f"spends {_duration(m)} {a}" for a, m in zip(acts, mins, strict=True)]
-    text = f"{n} starts at {clock(start)}. {n} " + ", then ".join(steps) + "."
+    text = f"{n} begins at {clock(start)} and " + ", then ".join(steps) + "."
     if rng.random() < 0.5:
         brk = rng.randint(1, 4) * 5
-        text += f" In between, {n} takes a {brk}-minute break."
+        text += f" After the first activity, {n} takes one {brk}-minute break."
         mins.append(brk)
     if rng.random() < 0.5:
         return WordProblem("clock", f"{text} At what time does {n} finish?", clock(start + sum(mins)))
-    return WordProblem("clock", f"{text} How many minutes does all of it take?", sum(mins))
+    return WordProblem("clock", f"{text} How many minutes pass from start to finish?", sum(mins))
 
 
 FRAMES: tuple[tuple[Callable[[random.Random], WordProblem], int], ...] = (
