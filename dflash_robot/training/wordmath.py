@@ -1,7 +1,7 @@
 """The `wordmath` prompt source: multi-step grade-school word problems, composed, with their answers.
 
 The `math` source fills 18 fixed templates, one or two operations each. GSM8K's problems are
-varied chains of three to eight steps: a quantity that changes several times, totals over
+varied chains of two to eight steps: a quantity that changes several times, totals over
 categories tied by relations ("twice as many", "5 fewer"), rates with a change of units,
 discounts, clock times. This source composes such problems from frames and events, each a phrasing
 plus the arithmetic it stands for, so every drawn problem is solvable in whole numbers and carries
