@@ -4,7 +4,8 @@ Usage: python scripts/compare_drafts.py --drafts shipped,runs/stage6/draft [--da
                                         [--limit 10] [--block-sizes 1,4,16] [--threads 2] [--repeats 1]
                                         [--temperature 1.0 --seeds 3]
 
-Greedy, 128 new tokens, z-lab's prompt formats with the chat template (`bench.datasets`), the default
+Greedy, 128 new tokens, z-lab's prompt formats with the chat template (`bench.datasets`; any set
+`bench` knows: humaneval, gsm8k, aime25, mtbench (its first turn), ifbench), the default
 target and engine (or sampled at `--temperature`, each prompt once per seed in `--seeds`); τ pooled
 over the verify steps of all prompts, as `bench` reports it, and the decode tok/s. "shipped" is the
 draft in the package. A draft may name the precision of its lean forward after an @ (`shipped@int4`;

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dflash_robot.drafts.checkpoint import load_draft
+from dflash_robot.runtime.api import runtime_target_adapter
 from dflash_robot.targets.fastpath import pack_linears
 from dflash_robot.targets.loading import default_target_path, load_target_model
 from dflash_robot.training import run as R
@@ -59,7 +60,8 @@ def main() -> None:
     pack_linears(model)
     draft, _ = R._make_draft(run, model, tok, samples)
     # features first: the store lists the tap sets that exist when it is made (as `run.train` does)
-    R.ensure_features(model, Path(args.data), draft.metadata.target_layer_ids, only={s[2][0] for s in samples})
+    R.ensure_features(lambda: runtime_target_adapter(model, str(default_target_path())), Path(args.data),
+                      draft.metadata.target_layer_ids, only={s[2][0] for s in samples})
     store = FeatureStore(Path(args.data), draft.metadata.target_layer_ids, model.config.hidden_size)
     cfg = OptimConfig(lr=1e-4, warmup_steps=50, total_steps=3000, blocks_per_seq=32, bf16_autocast=True)
     trainer = DraftTrainer(model, draft, cfg, store=store)

@@ -31,6 +31,18 @@ def test_subsets_are_deterministic_and_formatted():
         conversations("mmlu", 1)
 
 
+def test_single_turn_prompts_are_the_first_turns_of_the_bench_subset():
+    """`scripts/compare_drafts.py` and `scripts/acceptance.py` read `formatted_prompts`: every set
+    `bench` knows, the same seeded subset, MT-Bench's first turn."""
+    mt = conversations("mtbench", 4, seed=1)
+    assert bench_data.formatted_prompts("mtbench", 4, seed=1) == [c[0] for c in mt]
+    assert bench_data.formatted_prompts("mtbench", 4, seed=1) != [c[1] for c in mt]
+    assert bench_data.formatted_prompts("humaneval", 2)[0].startswith("Write a solution")
+    assert len(bench_data.formatted_prompts("ifbench", 3)) == 3
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        bench_data.formatted_prompts("mmlu", 1)
+
+
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")

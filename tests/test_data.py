@@ -14,6 +14,8 @@ from tiny import MASK, char_tokenizer, plain_greedy, taught_target
 
 from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.errors import ConfigError
+from dflash_robot.runtime.api import runtime_target_adapter
+from dflash_robot.targets.fastpath import pack_linears
 from dflash_robot.training import data as D
 from dflash_robot.training import prompts as P
 from dflash_robot.training.run import TrainRun, ensure_features, load_checkpoint, prompt_key, train
@@ -165,11 +167,20 @@ def test_generation_skips_prompts_already_in_the_data(tmp_path, monkeypatch):
 
 def test_ensure_features_fills_missing_shards(tmp_path):
     model = taught_target("llama")
+    pack_linears(model)  # as `train` does before it builds the feature engine from the same model
     ids = [list(range(5, 25)), list(range(30, 40))]
     D._pack([i[:4] for i in ids], [i[4:] for i in ids], "self").save(tmp_path / "shard-v1-00000.npz")
-    assert ensure_features(model, tmp_path, TAPS, only={"shard-00007"}) == 0  # not a shard the run reads
-    assert ensure_features(model, tmp_path, TAPS, only={"shard-v1-00000"}) == 1
-    assert ensure_features(model, tmp_path, TAPS) == 0  # computed once
+    built = []
+
+    def runtime_engine():  # what `train` passes: the adapter the runtime runs this target with
+        built.append(runtime_target_adapter(model, None))
+        return built[-1]
+
+    assert ensure_features(runtime_engine, tmp_path, TAPS, only={"shard-00007"}) == 0  # not a shard the run reads
+    assert not built  # nothing to compute: no engine is built
+    assert ensure_features(runtime_engine, tmp_path, TAPS, only={"shard-v1-00000"}) == 1
+    assert type(built[0]).__name__ == "LeanTargetAdapter"  # the runtime's engine for a Llama target
+    assert ensure_features(runtime_engine, tmp_path, TAPS) == 0 and len(built) == 1  # computed once
     store = D.FeatureStore(tmp_path, TAPS, 32)
     for a, seq in ((0, ids[0]), (20, ids[1])):  # every row, of every sample (none is left zero)
         got = store.get("shard-v1-00000", a, a + len(seq))

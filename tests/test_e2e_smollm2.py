@@ -196,6 +196,35 @@ def test_second_start_runs_from_the_snapshot_like_the_transformers_path(rt):
     assert second.stop_token_ids() == via_hf.stop_token_ids()
 
 
+def test_training_features_are_the_runtime_engines(rt, tmp_path):
+    """`train` stores the features the runtime feeds the draft: its adapter for the transformers
+    model (`runtime_target_adapter`) is the default engine at the default precision, and its
+    stored rows are the loaded runtime's prefill features, rounded to bf16. Both stay close to the
+    transformers fp32 forward (the independent reference)."""
+    from dflash_robot.runtime.api import runtime_target_adapter
+    from dflash_robot.targets.fastpath import pack_linears
+    from dflash_robot.targets.loading import default_target_path, load_target_model
+    from dflash_robot.training import data as D
+    from dflash_robot.training.run import ensure_features
+    from dflash_robot.training.trainer import target_features
+
+    model, tok = load_target_model(default_target_path())
+    pack_linears(model)  # as `train` does before it builds the feature engine from the same model
+    taps = rt.draft.metadata.target_layer_ids
+    prompt, resp = chat_ids(tok, PROMPT), tok("def total(xs):\n    return sum(xs)\n")["input_ids"]
+    D._pack([prompt], [resp], "self").save(tmp_path / "shard-00000.npz")
+    engine = runtime_target_adapter(model, str(default_target_path()))
+    assert type(engine) is type(rt.target) and engine.precision == rt.target.precision == "gguf"
+    assert ensure_features(lambda: engine, tmp_path, taps) == 1
+    seq = torch.tensor(prompt + resp)
+    stored = D.FeatureStore(tmp_path, taps, model.config.hidden_size).get("shard-00000", 0, len(seq))
+    served = rt.target.prefill(seq, taps).features
+    torch.testing.assert_close(stored, served.to(torch.bfloat16), rtol=0, atol=0)
+    ref = target_features(model, seq, taps).view(len(seq), len(taps), -1)
+    cos = torch.nn.functional.cosine_similarity(stored.float().view_as(ref), ref, dim=-1)
+    assert cos.min() > 0.99, cos.min(0).values
+
+
 def test_second_start_imports_no_transformers(rt):
     import subprocess
     import sys

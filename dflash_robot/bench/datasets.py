@@ -72,18 +72,11 @@ FORMATS = {
     "gsm8k": lambda q: f"{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
     "aime25": lambda q: f"{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
 }
-LOADERS = {"humaneval": humaneval, "gsm8k": gsm8k, "aime25": aime25}
 
 
 def formatted_prompts(name: str, limit: int | None = None, seed: int = 0) -> list[str]:
-    """A deterministic subset: a seeded shuffle of the whole set, then the first `limit`."""
-    import random
+    """The first user turn of each of `bench.runner.conversations(name, limit, seed)`: the same
+    seeded subset and formats as `bench`, for every dataset it knows (MT-Bench: the first turn)."""
+    from dflash_robot.bench.runner import conversations
 
-    if name not in LOADERS:
-        raise KeyError(f"unknown dataset {name!r}; choose from {sorted(LOADERS)}")
-    rows = LOADERS[name]()
-    if not rows:
-        raise RuntimeError(f"dataset {name} is not installed (see docs/BENCHMARKS.md for its package)")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    return [FORMATS[name](rows[i]) for i in order[:limit]]
+    return [c[0] for c in conversations(name, limit, seed)]

@@ -149,8 +149,7 @@ class DFlashRuntime:
         d_dtype = parse_dtype(draft_dtype) if draft_dtype is not None else torch_dtype
         d = None if no_draft else load_draft(draft or DEFAULT_DRAFT, dtype=d_dtype, device=draft_device or device)
         target_path = Path(target) if target else default_target_path()
-        gguf_path = str(target_path) if target_path.suffix == ".gguf" else (
-            str(target_path / gguf_file) if gguf_file else None)
+        gguf_path = gguf_file_path(target_path, gguf_file)
         snap = _snapshot(target_path, gguf_file, engine, torch_dtype, device) if gguf_path else None
         if snap is not None:  # the lean engine straight from the converted snapshot: no transformers
             from dflash_robot.targets.lean import LeanTargetAdapter
@@ -367,6 +366,23 @@ def _snapshot(target_path: Path, gguf_file: str | None, engine: str, dtype: torc
     from dflash_robot.targets.snapshot import open_snapshot
 
     return open_snapshot(converted_dir(directory / gguf, dtype))
+
+
+def gguf_file_path(target_path: Path, gguf_file: str | None) -> str | None:
+    """The GGUF file a target path names (the path itself, or `gguf_file` inside a directory), else None."""
+    if target_path.suffix == ".gguf":
+        return str(target_path)
+    return str(target_path / gguf_file) if gguf_file else None
+
+
+def runtime_target_adapter(model: Any, gguf_path: str | None) -> Any:
+    """The target adapter `DFlashRuntime.load` runs `model` with by default (engine "auto",
+    precision "auto"): the engine and weight precision whose tapped features a draft is fed at
+    run time. Training computes its stored features with it (`training.run.ensure_features`)."""
+    from dflash_robot.targets.factory import make_target_adapter
+
+    precision = _auto_precision(model, "auto", gguf_path, model.dtype)
+    return make_target_adapter(model, engine="auto", precision=precision, gguf_file=gguf_path)
 
 
 def _auto_precision(model: Any, engine: str, gguf_path: str | None, dtype: torch.dtype) -> str:

@@ -9,8 +9,10 @@ On disk, a data directory holds compact shards, one generation batch each:
                         (z-lab's meaning: hidden_states[id + 1], concatenated in id order)
 
 The shards are small (4 bytes a token) and committed; features are large (2 * n_taps * H bytes
-a token) and rebuilt by `ensure_features` where missing. Features captured while generating come
-from the same forward that wrote the tokens (forward hooks, no extra target pass).
+a token) and rebuilt by `ensure_features` where missing, with the runtime's own target engine
+(`runtime.api.runtime_target_adapter`: for the embedded default, the lean engine on the GGUF's Q4_1
+blocks). Features captured while generating come from the same batched transformers forward that
+wrote the tokens (forward hooks, no extra target pass): close to those, not equal to them.
 
 Prompt sources are in `prompts.py`. Every prompt is checked against the installed evaluation
 sets (HumanEval, GSM8K, MT-Bench, AIME25, IFBench) and refused if it matches one, and a prompt

@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from tqdm import tqdm
 from dflash_robot.drafts.checkpoint import ensure_writable_dir, load_draft, save_draft
 from dflash_robot.drafts.model import DFlashDraft, build_draft
 from dflash_robot.errors import ConfigError, DFlashError
+from dflash_robot.targets.base import TargetAdapter
 from dflash_robot.training.data import (
     FeatureStore,
     Shard,
@@ -43,7 +45,7 @@ from dflash_robot.training.data import (
     token_key,
 )
 from dflash_robot.training.init import initialise
-from dflash_robot.training.trainer import DraftTrainer, OptimConfig, target_features
+from dflash_robot.training.trainer import DraftTrainer, OptimConfig
 
 CKPT = "checkpoint.pt"
 
@@ -153,23 +155,32 @@ def token_coverage(samples: list, sizes: tuple[int, ...] = (1024, 2048, 4096, 81
 
 
 @torch.no_grad()
-def ensure_features(model: Any, data_dir: Path, layer_ids: tuple[int, ...], only: set[str] | None = None) -> int:
+def ensure_features(make_target: Callable[[], TargetAdapter], data_dir: Path, layer_ids: tuple[int, ...],
+                    only: set[str] | None = None) -> int:
     """Compute (once) the tapped features of shards that lack them (of the shards named in `only`,
     when given), into the first stored tap set that covers `layer_ids` (else one for exactly
     `layer_ids`). Every row of every sample is computed, whatever `--max-len` (a later run may read
-    further). Returns shards computed."""
+    further), by the prefill of the adapter `make_target()` builds (only when a shard lacks them):
+    `train` passes the runtime's own (`runtime.api.runtime_target_adapter`), so a draft trains on
+    the features it is fed when it runs. Returns shards computed."""
     existing = [d for d in sorted((data_dir / "features").glob("taps-*"))
                 if all(i in [int(x) for x in d.name[5:].split("-")] for i in layer_ids)]
     fdir = existing[0] if existing else taps_dir(data_dir, layer_ids)
     ids_stored = tuple(int(x) for x in fdir.name[5:].split("-"))
     todo = [p for p in shard_paths(data_dir) if (only is None or p.stem in only)
             and not any((d / f"{p.stem}.npy").exists() for d in existing)]
-    for p in tqdm(todo, desc="target features", unit="shard", disable=not todo):
+    if not todo:
+        return 0
+    target = make_target()
+    device = target.input_embedding_weight().device
+    for p in tqdm(todo, desc="target features", unit="shard"):
         shard = Shard.load(p)
         rows = []
         for i in range(len(shard)):
             ids, _ = shard.sample(i)
-            rows.append(target_features(model, ids.to(model.device), ids_stored).to(torch.bfloat16).cpu())
+            feats = target.prefill(ids.to(device), ids_stored, 512).features  # the runtime's default chunk
+            assert feats is not None
+            rows.append(feats.to(torch.bfloat16).cpu())
         _save_features(fdir / f"{p.stem}.npy", torch.cat(rows))
     return len(todo)
 
@@ -307,6 +318,7 @@ def _covered(samples: list, draft: DFlashDraft, with_prompt: bool = False) -> fl
 
 def train(run: TrainRun) -> Path:
     """Run (or resume) training; returns the directory of the final draft."""
+    from dflash_robot.runtime.api import gguf_file_path, runtime_target_adapter
     from dflash_robot.targets.loading import default_target_path, load_target_model
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -344,7 +356,8 @@ def train(run: TrainRun) -> Path:
     store = None  # online: DraftTrainer.features runs the target on each sequence as it steps
     if not run.online_features:
         if rank == 0:
-            ensure_features(model, data_dir, draft.metadata.target_layer_ids,
+            gguf_path = gguf_file_path(Path(run.target) if run.target else default_target_path(), run.gguf_file)
+            ensure_features(lambda: runtime_target_adapter(model, gguf_path), data_dir, draft.metadata.target_layer_ids,
                             only={s[2][0] for s in train_set + holdout})
         if world > 1:
             dist.barrier()
