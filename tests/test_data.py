@@ -166,7 +166,7 @@ def test_generation_skips_prompts_already_in_the_data(tmp_path, monkeypatch):
 
 
 def test_ensure_features_fills_missing_shards(tmp_path):
-    model = taught_target("llama")
+    model = copy.deepcopy(taught_target("llama"))  # the cached model is shared: never change it in place
     pack_linears(model)  # as `train` does before it builds the feature engine from the same model
     ids = [list(range(5, 25)), list(range(30, 40))]
     D._pack([i[:4] for i in ids], [i[4:] for i in ids], "self").save(tmp_path / "shard-v1-00000.npz")
