@@ -39,6 +39,7 @@ from dflash_robot.bench.datasets import formatted_prompts
 from dflash_robot.bench.runner import tau_interval
 from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.drafts.validation import check_compatible
+from dflash_robot.errors import ConfigError
 from dflash_robot.runtime.api import DFlashRuntime, draft_precision
 from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
 from dflash_robot.runtime.orchestrator import RuntimeOrchestrator
@@ -66,6 +67,10 @@ def main() -> None:
     block_sizes = [int(x) for x in args.block_sizes.split(",")]
     paths = {n: n.split("@")[0] for n in names}
     drafts = {n: None if p == "shipped" else load_draft(p, dtype=torch.float32) for n, p in paths.items()}  # fail early
+    try:  # an unknown or uninstalled set fails here, before the target loads
+        texts = {ds: formatted_prompts(ds, args.limit) for ds in args.datasets.split(",")}
+    except ConfigError as e:
+        ap.error(str(e))
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load()
     orchestrators = {"autoregressive": rt.orchestrator}
@@ -87,12 +92,12 @@ def main() -> None:
     runs = ([("autoregressive", 1)] if 1 in block_sizes else []) + [(n, q) for q in block_sizes if q > 1
                                                                      for n in names]
     eos = rt.stop_token_ids()
-    warm = rt.encode(formatted_prompts(args.datasets.split(",")[0], 1)[0])
+    warm = rt.encode(next(iter(texts.values()))[0])
     for n, q in runs:  # untimed: first-call allocations and kernel builds at each block size
         orchestrators[n].generate(warm, GenerationConfig(16, q, sampling, stop_token_ids=eos))
     rows = []
-    for ds in args.datasets.split(","):
-        prompts = [rt.encode(t) for t in formatted_prompts(ds, args.limit)]
+    for ds, ds_texts in texts.items():
+        prompts = [rt.encode(t) for t in ds_texts]
         jobs = [(j, i, s) for j, i in enumerate(prompts) for s in seeds for _ in range(args.repeats)]
         per_prompt: dict[tuple[str, int], list[list[int]]] = {r: [[] for _ in prompts] for r in runs}
         toks = dict.fromkeys(runs, 0)
