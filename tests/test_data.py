@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from tiny import MASK, char_tokenizer, plain_greedy, taught_target
 
 from dflash_robot.drafts.checkpoint import load_draft
-from dflash_robot.errors import ConfigError
+from dflash_robot.errors import ConfigError, DFlashError
 from dflash_robot.runtime.api import runtime_target_adapter
 from dflash_robot.targets.fastpath import pack_linears
 from dflash_robot.training import data as D
@@ -185,6 +186,22 @@ def test_ensure_features_fills_missing_shards(tmp_path):
     for a, seq in ((0, ids[0]), (20, ids[1])):  # every row, of every sample (none is left zero)
         got = store.get("shard-v1-00000", a, a + len(seq))
         torch.testing.assert_close(got.float(), target_features(model, torch.tensor(seq), TAPS), rtol=1e-2, atol=1e-2)
+
+
+def test_ensure_features_refuses_an_adapter_that_taps_nothing(tmp_path):
+    """An adapter whose prefill returns no features is a clear error, and no feature file is written."""
+    D._pack([[5, 6, 7, 8]], [[9, 10, 11]], "self").save(tmp_path / "shard-v1-00000.npz")
+
+    class Untapped:
+        def input_embedding_weight(self):
+            return torch.zeros(1)
+
+        def prefill(self, ids, layer_ids, chunk):
+            return types.SimpleNamespace(features=None)
+
+    with pytest.raises(DFlashError, match=r"Untapped.prefill returned no features for layers \(1, 3, 4\)"):
+        ensure_features(Untapped, tmp_path, TAPS)
+    assert not list((tmp_path / "features").rglob("*.npy"))
 
 
 def test_a_training_run_from_disk_with_a_draft_vocabulary(gen_dir, tmp_path):

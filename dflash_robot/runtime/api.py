@@ -375,7 +375,7 @@ def gguf_file_path(target_path: Path, gguf_file: str | None) -> str | None:
     return str(target_path / gguf_file) if gguf_file else None
 
 
-def runtime_target_adapter(model: Any, gguf_path: str | None) -> Any:
+def runtime_target_adapter(model: Any, gguf_path: str | None) -> TargetAdapter:
     """The target adapter `DFlashRuntime.load` runs `model` with by default (engine "auto",
     precision "auto"): the engine and weight precision whose tapped features a draft is fed at
     run time. Training computes its stored features with it (`training.run.ensure_features`)."""

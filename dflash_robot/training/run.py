@@ -179,7 +179,9 @@ def ensure_features(make_target: Callable[[], TargetAdapter], data_dir: Path, la
         for i in range(len(shard)):
             ids, _ = shard.sample(i)
             feats = target.prefill(ids.to(device), ids_stored, 512).features  # the runtime's default chunk
-            assert feats is not None
+            if feats is None:
+                raise DFlashError(f"{type(target).__name__}.prefill returned no features for layers {ids_stored}; "
+                                  "training needs an adapter that taps them")
             rows.append(feats.to(torch.bfloat16).cpu())
         _save_features(fdir / f"{p.stem}.npy", torch.cat(rows))
     return len(todo)
