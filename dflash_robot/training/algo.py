@@ -109,15 +109,6 @@ def _common_prefix(words: list[str]) -> str:
     return p
 
 
-def _roman(n: int) -> str:
-    out = []
-    for value, numeral in ((1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"),
-                           (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")):
-        count, n = divmod(n, value)
-        out.append(numeral * count)
-    return "".join(out)
-
-
 def _duplicates(xs: list[int]) -> list[int]:
     return sorted(v for v, n in Counter(xs).items() if n > 1)
 
@@ -125,12 +116,6 @@ def _duplicates(xs: list[int]) -> list[int]:
 def _most_frequent_letter(s: str) -> str:
     counts = Counter(c.lower() for c in s if c.isalpha())
     return min(counts, key=lambda c: (-counts[c], c)) if counts else ""
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 # ---------------------------------------------------------------- the catalogue
@@ -341,7 +326,9 @@ TASKS = (
     Task("int", "is_perfect", "return True if n equals the sum of its positive divisors other than itself.",
          lambda n, k, p: n == sum(d for d in range(1, n) if n % d == 0), "bool"),
     # added in session 45: stages 38-39 showed more drawn instances of the 68 tasks above no longer move
-    # HumanEval, so the catalogue itself grows
+    # HumanEval, so the catalogue itself grows. None of these asks for the function of a HumanEval problem
+    # (checked by hand: `median`, `swap_case`, `triangular_number`, `to_roman` and `gcd_with` were written
+    # and left out as HumanEval/47, 27, 60, 156 and 13)
     Task("ints", "last_{p}", "return the last element that is {p}, or None if there is none.",
          lambda xs, k, p: next((v for v in reversed(xs) if p.test(v, k)), None), "Optional[int]", uses_pred=True),
     Task("ints", "move_{p}_to_end", "return the list with the elements that are {p} moved to the end; both groups "
@@ -350,7 +337,8 @@ TASKS = (
     Task("ints", "product", "return the product of the elements. An empty list gives 1.",
          lambda xs, k, p: math.prod(xs), "int"),
     Task("ints", "pairwise_sums", "return the sums of neighbouring elements: element i of the result is element i "
-         "plus element i + 1.", lambda xs, k, p: [a + b for a, b in pairwise(xs)], "List[int]"),
+         "plus element i + 1. A list with fewer than two elements gives an empty list.",
+         lambda xs, k, p: [a + b for a, b in pairwise(xs)], "List[int]"),
     Task("ints", "count_local_maxima", "return how many elements, other than the first and the last, are greater "
          "than both of their neighbours.",
          lambda xs, k, p: sum(xs[i - 1] < xs[i] > xs[i + 1] for i in range(1, len(xs) - 1)), "int"),
@@ -378,11 +366,9 @@ TASKS = (
          "replaced by {k}.", lambda xs, k, p: [min(max(v, 0), k) for v in xs], "List[int]", k=(5, 20)),
     Task("text", "count_words", "return the number of words in the string; words are separated by spaces.",
          lambda s, k, p: len(s.split()), "int"),
-    Task("text", "reverse_each_word", "return the string with the letters of every word reversed and the words "
-         "kept in their order; words are separated by single spaces.",
+    Task("text", "reverse_each_word", "return the string with the characters of every word reversed, punctuation "
+         "included, and the words kept in their order; words are separated by single spaces.",
          lambda s, k, p: " ".join(w[::-1] for w in s.split(" ")), "str"),
-    Task("text", "swap_case", "return the string with uppercase letters made lowercase and lowercase letters made "
-         "uppercase.", lambda s, k, p: s.swapcase(), "str"),
     Task("text", "most_frequent_letter", "return the letter that occurs most often, in lowercase, ignoring case; "
          "on a tie return the one that comes first in the alphabet. A string without letters gives an empty "
          "string.", lambda s, k, p: _most_frequent_letter(s), "str"),
@@ -394,7 +380,8 @@ TASKS = (
          "occurrence, as one string.", lambda s, k, p: "".join(dict.fromkeys(s)), "str"),
     Task("text", "word_lengths", "return a list of the lengths of the words of the string; words are separated by "
          "spaces.", lambda s, k, p: [len(w) for w in s.split()], "List[int]"),
-    Task("words", "palindromes", "return the strings that read the same backwards, in their original order.",
+    Task("words", "palindromes", "return the strings that read exactly the same backwards, case included, in their "
+         "original order.",
          lambda ws, k, p: [w for w in ws if w == w[::-1]], "List[str]"),
     Task("words", "count_starting_with_vowel", "return how many of the strings start with a vowel (a, e, i, o, u, "
          "in either case).", lambda ws, k, p: sum(bool(w) and w[0] in VOWELS for w in ws), "int"),
@@ -406,18 +393,12 @@ TASKS = (
          "dash.", lambda ws, k, p: "-".join(w for w in ws if len(w) < k), "str", k=(3, 6)),
     Task("int", "factorial", "return n factorial, the product of the numbers from 1 to n; 0 factorial is 1.",
          lambda n, k, p: math.factorial(n), "int"),
-    Task("int", "to_roman", "return n (1 to 3999) as a Roman numeral in uppercase, such as 'XIV' for 14.",
-         lambda n, k, p: _roman(n), "str"),
     Task("int", "count_digits", "return the number of digits of n (n is not negative).",
          lambda n, k, p: len(str(n)), "int"),
-    Task("int", "triangular_number", "return the sum of the numbers from 1 to n.",
-         lambda n, k, p: n * (n + 1) // 2, "int"),
     Task("int", "is_palindrome_number", "return True if the digits of n read the same backwards, and False "
          "otherwise.", lambda n, k, p: str(n) == str(n)[::-1], "bool"),
     Task("int", "next_prime", "return the smallest prime number that is greater than n.",
          lambda n, k, p: next(v for v in range(n + 1, 2 * n + 3) if _is_prime(v)), "int"),
-    Task("int", "gcd_with", "return the greatest common divisor of n and {k} (n is positive).",
-         lambda n, k, p: _gcd(n, k), "int", k=(6, 60)),
     Task("int", "sum_of_divisors", "return the sum of the positive divisors of n, n included (n is positive).",
          lambda n, k, p: sum(d for d in range(1, n + 1) if n % d == 0), "int"),
     Task("int", "is_leap_year", "return True if the year n is a leap year: divisible by 4, except years divisible "
@@ -444,8 +425,8 @@ WORDS = ("apple", "level", "stone", "river", "noon", "Kayak", "tree", "sun", "ba
 
 INT_RANGE = {"fibonacci": (0, 25), "count_divisors": (1, 200), "collatz_steps": (1, 60),
              "count_primes_below": (0, 100), "largest_prime_factor": (2, 300), "is_perfect": (0, 500),
-             "factorial": (0, 15), "to_roman": (1, 3999), "triangular_number": (0, 200), "next_prime": (0, 500),
-             "gcd_with": (1, 500), "sum_of_divisors": (1, 500), "is_leap_year": (1800, 2400)}
+             "factorial": (0, 15), "next_prime": (0, 500), "sum_of_divisors": (1, 500),
+             "is_leap_year": (1800, 2400)}
 NON_EMPTY = {"max_subarray_sum"}  # list tasks whose text promises a non-empty list
 REPEATS = {"duplicates", "count_distinct", "ranks"}  # list tasks about repeated values
 
