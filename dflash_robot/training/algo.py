@@ -3,7 +3,8 @@
 `docstring` stubs describe library functions, whose answers are mostly short wrappers around the
 library. HumanEval asks for algorithmic bodies: loops over lists, strings and digits. This source
 composes such problems from a catalogue of tasks (an input kind, a description, a reference
-implementation) and, for list tasks, a predicate with its parameter. The examples in every
+implementation) and, for list tasks, a predicate with its parameter; some tasks take a second
+argument (a target, a limit, a second list, a character). The examples in every
 docstring are computed by running the reference, so they are right; the input values are drawn at
 random, so prompts rarely repeat. Nothing here reads an evaluation set.
 """
@@ -30,6 +31,20 @@ def _is_prime(v: int) -> bool:
 
 def _is_square(v: int) -> bool:
     return v >= 0 and int(v ** 0.5) ** 2 == v
+
+
+def _take_while_below(xs: list[int], limit: int) -> list[int]:
+    out = []
+    for v in xs:
+        if v >= limit:
+            break
+        out.append(v)
+    return out
+
+
+def _zip(pair: tuple[list[int], list[int]]) -> zip:
+    """The elements of two lists at the same positions, as far as the shorter goes."""
+    return zip(pair[0], pair[1], strict=False)
 
 
 def _digit_sum(v: int) -> int:
@@ -151,6 +166,7 @@ class Task:
     ret: str           # return annotation
     k: tuple[int, int] | None = None
     uses_pred: bool = False
+    args: tuple[str, ...] = ()  # argument names of a two-argument kind (default: ARG's)
 
 
 def _sel(xs: list[int], k: int, p: Pred) -> list[int]:
@@ -281,7 +297,8 @@ TASKS = (
          "None.", lambda ws, k, p: max(ws, key=len) if ws else None, "Optional[str]"),
     Task("words", "sort_by_length", "return the strings sorted by length, and strings of equal length in "
          "alphabetical order.", lambda ws, k, p: sorted(ws, key=lambda w: (len(w), w)), "List[str]"),
-    Task("words", "count_palindromes", "return how many of the strings read the same backwards.",
+    Task("words", "count_palindromes", "return how many of the strings read exactly the same backwards, case "
+         "included.",
          lambda ws, k, p: sum(w == w[::-1] for w in ws), "int"),
     Task("words", "group_by_length", "return a dictionary that maps each length to the list of strings of that "
          "length, in their original order.",
@@ -406,10 +423,59 @@ TASKS = (
          "bool"),
     Task("int", "sum_of_digit_squares", "return the sum of the squares of the digits of n.",
          lambda n, k, p: sum(int(c) ** 2 for c in str(abs(n))), "int"),
+    # added in session 46: functions of two arguments, as most HumanEval problems are (the tasks above
+    # take one). Checked by hand against HumanEval's functions: `count_char` (a case of HumanEval/18's
+    # `how_many_times`) was written and left out
+    Task("ints_int", "count_occurrences", "return how many times target occurs in the list.",
+         lambda a, k, p: a[0].count(a[1]), "int", args=("numbers", "target")),
+    Task("ints_int", "positions_of", "return the indices at which target occurs in the list, in increasing order.",
+         lambda a, k, p: [i for i, v in enumerate(a[0]) if v == a[1]], "List[int]", args=("numbers", "target")),
+    Task("ints_int", "remove_all", "return the list with every occurrence of target removed.",
+         lambda a, k, p: [v for v in a[0] if v != a[1]], "List[int]", args=("numbers", "target")),
+    Task("ints_int", "first_at_least", "return the index of the first element that is at least limit, or -1 if "
+         "there is none.", lambda a, k, p: next((i for i, v in enumerate(a[0]) if v >= a[1]), -1), "int",
+         args=("numbers", "limit")),
+    Task("ints_int", "take_while_below", "return the elements from the start of the list up to, and not including, "
+         "the first element that is not less than limit.", lambda a, k, p: _take_while_below(*a), "List[int]",
+         args=("numbers", "limit")),
+    Task("ints_int", "window_sums", "return the sums of every run of size consecutive elements, from left to "
+         "right. A list shorter than size gives an empty list.",
+         lambda a, k, p: [sum(a[0][i:i + a[1]]) for i in range(len(a[0]) - a[1] + 1)], "List[int]",
+         args=("numbers", "size")),
+    Task("ints_int", "every_nth", "return the elements at positions 0, step, 2 * step, and so on.",
+         lambda a, k, p: a[0][::a[1]], "List[int]", args=("numbers", "step")),
+    Task("ints_int", "sum_of_last", "return the sum of the last count elements, or of all of them if the list is "
+         "shorter.", lambda a, k, p: sum(a[0][-a[1]:]), "int", args=("numbers", "count")),
+    Task("ints_ints", "elementwise_sum", "return the sums of the elements at the same position in both lists, as "
+         "far as the shorter list goes.", lambda a, k, p: [x + y for x, y in _zip(a)], "List[int]"),
+    Task("ints_ints", "dot_product", "return the sum of the products of the elements at the same position in both "
+         "lists, as far as the shorter list goes.", lambda a, k, p: sum(x * y for x, y in _zip(a)), "int"),
+    Task("ints_ints", "only_in_first", "return the elements of first that do not occur in second, in their "
+         "original order.", lambda a, k, p: [v for v in a[0] if v not in a[1]], "List[int]"),
+    Task("ints_ints", "merge_sorted", "both lists are sorted in non-decreasing order; return one list of all their "
+         "elements, sorted in non-decreasing order.", lambda a, k, p: sorted(a[0] + a[1]), "List[int]"),
+    Task("ints_ints", "count_equal_positions", "return how many positions hold the same value in both lists, as "
+         "far as the shorter list goes.", lambda a, k, p: sum(x == y for x, y in _zip(a)), "int"),
+    Task("text_char", "char_positions", "return the indices at which the character char occurs in text, in "
+         "increasing order; case matters.", lambda a, k, p: [i for i, c in enumerate(a[0]) if c == a[1]],
+         "List[int]"),
+    Task("text_char", "remove_char", "return text with every occurrence of the character char removed; case "
+         "matters.", lambda a, k, p: a[0].replace(a[1], ""), "str"),
+    Task("text_char", "split_on", "return the pieces of text between the occurrences of the character char, empty "
+         "pieces included.", lambda a, k, p: a[0].split(a[1]), "List[str]"),
+    Task("text_char", "words_starting_with", "return the words of text (separated by spaces) that start with the "
+         "character char, ignoring case, in their order.",
+         lambda a, k, p: [w for w in a[0].split() if w[0].lower() == a[1].lower()], "List[str]"),
+    Task("text_int", "first_words", "return the first count words of text (words are separated by spaces), joined "
+         "by single spaces.", lambda a, k, p: " ".join(a[0].split()[:a[1]]), "str", args=("text", "count")),
+    Task("text_int", "repeat_characters", "return text with every character repeated times times.",
+         lambda a, k, p: "".join(c * a[1] for c in a[0]), "str", args=("text", "times")),
 )
 
-ARG = {"ints": ("numbers", "List[int]"), "text": ("text", "str"), "words": ("strings", "List[str]"),
-       "int": ("n", "int")}
+ARG = {"ints": (("numbers", "List[int]"),), "text": (("text", "str"),), "words": (("strings", "List[str]"),),
+       "int": (("n", "int"),), "ints_int": (("numbers", "List[int]"), ("k", "int")),
+       "ints_ints": (("first", "List[int]"), ("second", "List[int]")),
+       "text_char": (("text", "str"), ("char", "str")), "text_int": (("text", "str"), ("k", "int"))}
 INTRO = {
     "ints": ["Given a list of integers, ", "You are given a list of integers `numbers`. ",
              "Take a list of integers and ", "For the list of integers `numbers`, "],
@@ -417,6 +483,17 @@ INTRO = {
     "words": ["Given a list of strings, ", "You are given a list of strings `strings`. ",
               "Take a list of strings and ", "For the list of strings `strings`, "],
     "int": ["Given an integer n, ", "You are given an integer `n`. ", "Take an integer n and ", "For the number n, "],
+    "ints_int": ["Given a list of integers `numbers` and an integer `{1}`, ",
+                 "You are given a list of integers `numbers` and an integer `{1}`. ",
+                 "Take a list of integers and an integer {1}, and ", "For the list `numbers` and the integer `{1}`, "],
+    "ints_ints": ["Given two lists of integers, `first` and `second`, ",
+                  "You are given two lists of integers `first` and `second`. ",
+                  "Take two lists of integers and ", "For the lists of integers `first` and `second`, "],
+    "text_char": ["Given a string `text` and a single character `char`, ",
+                  "You are given a string `text` and a character `char`. ",
+                  "Take a string and a character, and ", "For the string `text` and the character `char`, "],
+    "text_int": ["Given a string `text` and an integer `{1}`, ", "You are given a string `text` and an integer `{1}`. ",
+                 "Take a string and an integer {1}, and ", "For the string `text` and the integer `{1}`, "],
 }
 WORDS = ("apple", "level", "stone", "river", "noon", "Kayak", "tree", "sun", "banana", "code", "radar", "data",
          "loop", "moon", "Python", "list", "wow", "green", "a", "bb", "cat", "dog", "Anna", "sky", "bird", "ocean",
@@ -431,7 +508,35 @@ NON_EMPTY = {"max_subarray_sum"}  # list tasks whose text promises a non-empty l
 REPEATS = {"duplicates", "count_distinct", "ranks"}  # list tasks about repeated values
 
 
+def _sentence(rng: random.Random, lo: int = 1) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(lo, 5))]
+    return " ".join(w.upper() if rng.random() < 0.15 else w for w in words) + rng.choice(["", "", "!", "."])
+
+
+def _second(task: Task, first: Any, rng: random.Random) -> Any:
+    """The second argument of a two-argument task: often one that occurs in the first, so that the
+    examples are not all empty."""
+    if task.kind == "ints_ints":
+        second = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
+        return sorted(second) if task.name == "merge_sorted" else second
+    if task.kind == "text_char":
+        pool = [c for c in first if c.isalpha()] + ([" ", " "] if task.name == "split_on" else [])
+        return rng.choice(pool) if pool and rng.random() < 0.8 else rng.choice("aeostnAX")
+    if task.args[1] in ("target", "limit"):
+        return rng.choice(first) if first and rng.random() < 0.7 else rng.randint(-3, 12)
+    return rng.randint(1, 3 if task.args[1] == "times" else 5)
+
+
 def _example(task: Task, rng: random.Random) -> Any:
+    if task.kind == "ints_int":
+        xs = [rng.randint(-3, 12) for _ in range(rng.randint(0, 8))]  # narrow, so that targets repeat
+        return (xs, _second(task, xs, rng))
+    if task.kind == "ints_ints":
+        xs = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
+        return (sorted(xs) if task.name == "merge_sorted" else xs, _second(task, xs, rng))
+    if task.kind in ("text_char", "text_int"):
+        text = _sentence(rng, 0 if task.kind == "text_char" else 1)
+        return (text, _second(task, text, rng))
     if task.kind == "ints":
         lo = 1 if task.name in NON_EMPTY else 0
         hi = 9 if task.name in REPEATS else 40  # a narrow range, so that values repeat
@@ -449,8 +554,7 @@ def _example(task: Task, rng: random.Random) -> Any:
         return "".join(rng.choice("(()) ab") for _ in range(rng.randint(0, 10)))
     if task.name == "run_length_encode":
         return "".join(rng.choice("abcxyz") * rng.randint(1, 4) for _ in range(rng.randint(0, 5)))
-    words = [rng.choice(WORDS) for _ in range(rng.randint(0 if task.name == "longest_word" else 1, 5))]
-    return " ".join(w.upper() if rng.random() < 0.15 else w for w in words) + rng.choice(["", "", "!", "."])
+    return _sentence(rng, 0 if task.name == "longest_word" else 1)
 
 
 @dataclass(frozen=True)
@@ -459,8 +563,8 @@ class AlgoProblem:
     task: str
     name: str
     stub: str
-    reference: Callable[[Any], Any]
-    examples: tuple[tuple[Any, Any], ...]
+    reference: Callable[..., Any]  # called as the stub's function is: one argument per parameter
+    examples: tuple[tuple[Any, Any], ...]  # (input, answer); a two-argument task's input is a pair
 
 
 def draw_problem(rng: random.Random) -> AlgoProblem:
@@ -471,8 +575,12 @@ def draw_problem(rng: random.Random) -> AlgoProblem:
     name = task.name.format(p=slug, k=k)
     text = task.text.format(p=pred.text.format(k=k) if pred else "", k=k)
 
-    def reference(x: Any) -> Any:
-        return task.ref(x, k, pred)
+    params = ARG[task.kind]
+    if task.args:
+        params = tuple((n, ann) for n, (_, ann) in zip(task.args, params, strict=True))
+
+    def reference(*x: Any) -> Any:
+        return task.ref(x if len(params) > 1 else x[0], k, pred)
 
     examples: list[tuple[Any, Any]] = []
     want = rng.randint(2, 3)
@@ -481,22 +589,27 @@ def draw_problem(rng: random.Random) -> AlgoProblem:
             break
         x = _example(task, rng)
         if all(x != e for e, _ in examples):
-            examples.append((x, reference(x)))
-    arg, ann = ARG[task.kind]
+            examples.append((x, task.ref(x, k, pred)))
     typed = rng.random() < 0.6
-    sig = f"({arg}: {ann}) -> {task.ret}" if typed else f"({arg})"
+    if typed:
+        sig = "(" + ", ".join(f"{n}: {ann}" for n, ann in params) + f") -> {task.ret}"
+    else:
+        sig = "(" + ", ".join(n for n, _ in params) + ")"
     style = rng.randrange(3)
     lines = []
     for x, y in examples:
+        call = f"{name}({', '.join(map(repr, x)) if len(params) > 1 else repr(x)})"
         if style == 0:  # doctest: None prints nothing, so it is shown through print()
-            lines += [f">>> print({name}({x!r}))", str(y)] if y is None else [f">>> {name}({x!r})", repr(y)]
+            lines += [f">>> print({call})", str(y)] if y is None else [f">>> {call}", repr(y)]
         elif style == 1:
-            lines.append(f"{name}({x!r}) == {y!r}")
+            lines.append(f"{call} == {y!r}")
         else:
-            lines.append(f"{name}({x!r}) -> {y!r}")
+            lines.append(f"{call} -> {y!r}")
     head = {0: "", 1: "For example:\n", 2: "Examples:\n"}[style]
-    doc = textwrap.fill(rng.choice(INTRO[task.kind]) + text, 96) + "\n\n" + head + "\n".join(lines)
-    typing = sorted(t for t in ("List", "Optional", "Tuple", "Dict") if typed and t in ann + task.ret)
+    intro = rng.choice(INTRO[task.kind]).format(*(n for n, _ in params))
+    doc = textwrap.fill(intro + text, 96) + "\n\n" + head + "\n".join(lines)
+    anns = "".join(ann for _, ann in params)
+    typing = sorted(t for t in ("List", "Optional", "Tuple", "Dict") if typed and t in anns + task.ret)
     header = f"from typing import {', '.join(typing)}\n\n\n" if typing else ""
     stub = header + humaneval_stub(name, sig, doc)
     return AlgoProblem(task.name, name, stub, reference, tuple(examples))
