@@ -197,3 +197,17 @@ def test_task_names_shared_with_humaneval_entry_points_are_only_the_known_ones()
     shared = {t.name for t in A.TASKS} & entry_points
     assert shared == {"is_palindrome", "is_prime", "is_sorted", "largest_prime_factor", "remove_duplicates",
                       "remove_vowels"}
+
+
+def test_two_argument_examples_are_seldom_trivial():
+    """The second argument is drawn from the first (a target in the list, a record as a limit, a word's
+    first letter, ...), so that most examples show the function doing something: an answer that is empty,
+    0, -1 or the first argument unchanged is a minority for every two-argument task."""
+    rng = random.Random(2)
+    for task in (t for t in A.TASKS if len(A.ARG[t.kind]) == 2):
+        trivial = 0
+        for _ in range(300):
+            x = A._example(task, rng)
+            y = task.ref(x, 0, None)
+            trivial += y in ([], 0, -1, "") or y == x[0]
+        assert trivial < 0.6 * 300, (task.name, trivial)

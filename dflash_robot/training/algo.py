@@ -4,7 +4,7 @@
 library. HumanEval asks for algorithmic bodies: loops over lists, strings and digits. This source
 composes such problems from a catalogue of tasks (an input kind, a description, a reference
 implementation) and, for list tasks, a predicate with its parameter; some tasks take a second
-argument (a target, a limit, a second list, a character). The examples in every
+argument (a target, a limit, a count, a second list, a character). The examples in every
 docstring are computed by running the reference, so they are right; the input values are drawn at
 random, so prompts rarely repeat. Nothing here reads an evaluation set.
 """
@@ -424,58 +424,59 @@ TASKS = (
     Task("int", "sum_of_digit_squares", "return the sum of the squares of the digits of n.",
          lambda n, k, p: sum(int(c) ** 2 for c in str(abs(n))), "int"),
     # added in session 46: functions of two arguments, as most HumanEval problems are (the tasks above
-    # take one). Checked by hand against HumanEval's functions: `count_char` (a case of HumanEval/18's
-    # `how_many_times`) was written and left out
-    Task("ints_int", "count_occurrences", "return how many times target occurs in the list.",
-         lambda a, k, p: a[0].count(a[1]), "int", args=("numbers", "target")),
-    Task("ints_int", "positions_of", "return the indices at which target occurs in the list, in increasing order.",
-         lambda a, k, p: [i for i, v in enumerate(a[0]) if v == a[1]], "List[int]", args=("numbers", "target")),
-    Task("ints_int", "remove_all", "return the list with every occurrence of target removed.",
-         lambda a, k, p: [v for v in a[0] if v != a[1]], "List[int]", args=("numbers", "target")),
-    Task("ints_int", "first_at_least", "return the index of the first element that is at least limit, or -1 if "
+    # take one); the input `a` is the pair of arguments. Checked by hand against HumanEval's functions:
+    # `count_char` (a case of HumanEval/18's `how_many_times`) was written and left out
+    Task("ints_int", "count_occurrences", "return how many times `target` occurs in the list.",
+         lambda a, k, p: a[0].count(a[1]), "int"),
+    Task("ints_int", "positions_of", "return the indices at which `target` occurs in the list, in increasing "
+         "order.", lambda a, k, p: [i for i, v in enumerate(a[0]) if v == a[1]], "List[int]"),
+    Task("ints_int", "remove_all", "return the list with every occurrence of `target` removed.",
+         lambda a, k, p: [v for v in a[0] if v != a[1]], "List[int]"),
+    Task("ints_int", "first_at_least", "return the index of the first element that is at least `limit`, or -1 if "
          "there is none.", lambda a, k, p: next((i for i, v in enumerate(a[0]) if v >= a[1]), -1), "int",
          args=("numbers", "limit")),
     Task("ints_int", "take_while_below", "return the elements from the start of the list up to, and not including, "
-         "the first element that is not less than limit.", lambda a, k, p: _take_while_below(*a), "List[int]",
+         "the first element that is not less than `limit`.", lambda a, k, p: _take_while_below(*a), "List[int]",
          args=("numbers", "limit")),
-    Task("ints_int", "window_sums", "return the sums of every run of size consecutive elements, from left to "
-         "right. A list shorter than size gives an empty list.",
+    Task("ints_int", "window_sums", "return the sums of every run of `size` consecutive elements, from left to "
+         "right. A list shorter than `size` gives an empty list.",
          lambda a, k, p: [sum(a[0][i:i + a[1]]) for i in range(len(a[0]) - a[1] + 1)], "List[int]",
          args=("numbers", "size")),
-    Task("ints_int", "every_nth", "return the elements at positions 0, step, 2 * step, and so on.",
+    Task("ints_int", "every_nth", "return the elements at positions 0, `step`, 2 * `step`, and so on.",
          lambda a, k, p: a[0][::a[1]], "List[int]", args=("numbers", "step")),
-    Task("ints_int", "sum_of_last", "return the sum of the last count elements, or of all of them if the list is "
-         "shorter.", lambda a, k, p: sum(a[0][-a[1]:]), "int", args=("numbers", "count")),
+    Task("ints_int", "sum_of_last", "return the sum of the last `count` elements, or of all of them if the list "
+         "is shorter.", lambda a, k, p: sum(a[0][max(len(a[0]) - a[1], 0):]), "int", args=("numbers", "count")),
     Task("ints_ints", "elementwise_sum", "return the sums of the elements at the same position in both lists, as "
          "far as the shorter list goes.", lambda a, k, p: [x + y for x, y in _zip(a)], "List[int]"),
     Task("ints_ints", "dot_product", "return the sum of the products of the elements at the same position in both "
          "lists, as far as the shorter list goes.", lambda a, k, p: sum(x * y for x, y in _zip(a)), "int"),
-    Task("ints_ints", "only_in_first", "return the elements of first that do not occur in second, in their "
+    Task("ints_ints", "only_in_first", "return the elements of `first` that do not occur in `second`, in their "
          "original order.", lambda a, k, p: [v for v in a[0] if v not in a[1]], "List[int]"),
-    Task("ints_ints", "merge_sorted", "both lists are sorted in non-decreasing order; return one list of all their "
-         "elements, sorted in non-decreasing order.", lambda a, k, p: sorted(a[0] + a[1]), "List[int]"),
+    Task("ints_ints", "merge_sorted", "return the elements of both lists, each of which is sorted in "
+         "non-decreasing order, as one list sorted in non-decreasing order.",
+         lambda a, k, p: sorted(a[0] + a[1]), "List[int]"),
     Task("ints_ints", "count_equal_positions", "return how many positions hold the same value in both lists, as "
          "far as the shorter list goes.", lambda a, k, p: sum(x == y for x, y in _zip(a)), "int"),
-    Task("text_char", "char_positions", "return the indices at which the character char occurs in text, in "
-         "increasing order; case matters.", lambda a, k, p: [i for i, c in enumerate(a[0]) if c == a[1]],
-         "List[int]"),
-    Task("text_char", "remove_char", "return text with every occurrence of the character char removed; case "
-         "matters.", lambda a, k, p: a[0].replace(a[1], ""), "str"),
-    Task("text_char", "split_on", "return the pieces of text between the occurrences of the character char, empty "
-         "pieces included.", lambda a, k, p: a[0].split(a[1]), "List[str]"),
-    Task("text_char", "words_starting_with", "return the words of text (separated by spaces) that start with the "
-         "character char, ignoring case, in their order.",
+    Task("text_char", "char_positions", "return the indices at which `char` occurs in `text`, in increasing "
+         "order; case matters.", lambda a, k, p: [i for i, c in enumerate(a[0]) if c == a[1]], "List[int]"),
+    Task("text_char", "remove_char", "return `text` with every occurrence of `char` removed; case matters.",
+         lambda a, k, p: a[0].replace(a[1], ""), "str"),
+    Task("text_char", "split_on", "return the pieces that `text` falls into when it is cut at every occurrence of "
+         "`char`, in order; empty pieces are kept.", lambda a, k, p: a[0].split(a[1]), "List[str]"),
+    Task("text_char", "words_starting_with", "return the words of `text` (separated by spaces) that start with "
+         "`char`, ignoring case, in their order.",
          lambda a, k, p: [w for w in a[0].split() if w[0].lower() == a[1].lower()], "List[str]"),
-    Task("text_int", "first_words", "return the first count words of text (words are separated by spaces), joined "
-         "by single spaces.", lambda a, k, p: " ".join(a[0].split()[:a[1]]), "str", args=("text", "count")),
-    Task("text_int", "repeat_characters", "return text with every character repeated times times.",
-         lambda a, k, p: "".join(c * a[1] for c in a[0]), "str", args=("text", "times")),
+    Task("text_int", "first_words", "return the first `count` words of `text` (words are separated by spaces), "
+         "joined by single spaces.", lambda a, k, p: " ".join(a[0].split()[:a[1]]), "str"),
+    Task("text_int", "repeat_characters", "return `text` with every character repeated, each one written `times` "
+         "times in a row.", lambda a, k, p: "".join(c * a[1] for c in a[0]), "str", args=("text", "times")),
 )
 
 ARG = {"ints": (("numbers", "List[int]"),), "text": (("text", "str"),), "words": (("strings", "List[str]"),),
-       "int": (("n", "int"),), "ints_int": (("numbers", "List[int]"), ("k", "int")),
+       "int": (("n", "int"),), "ints_int": (("numbers", "List[int]"), ("target", "int")),
        "ints_ints": (("first", "List[int]"), ("second", "List[int]")),
-       "text_char": (("text", "str"), ("char", "str")), "text_int": (("text", "str"), ("k", "int"))}
+       "text_char": (("text", "str"), ("char", "str")), "text_int": (("text", "str"), ("count", "int"))}
+# (parameter name, annotation) of each kind; a task's `args` renames them
 INTRO = {
     "ints": ["Given a list of integers, ", "You are given a list of integers `numbers`. ",
              "Take a list of integers and ", "For the list of integers `numbers`, "],
@@ -485,15 +486,18 @@ INTRO = {
     "int": ["Given an integer n, ", "You are given an integer `n`. ", "Take an integer n and ", "For the number n, "],
     "ints_int": ["Given a list of integers `numbers` and an integer `{1}`, ",
                  "You are given a list of integers `numbers` and an integer `{1}`. ",
-                 "Take a list of integers and an integer {1}, and ", "For the list `numbers` and the integer `{1}`, "],
+                 "Take a list of integers `numbers` and an integer `{1}`, and ",
+                 "For the list `numbers` and the integer `{1}`, "],
     "ints_ints": ["Given two lists of integers, `first` and `second`, ",
                   "You are given two lists of integers `first` and `second`. ",
-                  "Take two lists of integers and ", "For the lists of integers `first` and `second`, "],
+                  "Take two lists of integers `first` and `second`, and ",
+                  "For the lists of integers `first` and `second`, "],
     "text_char": ["Given a string `text` and a single character `char`, ",
                   "You are given a string `text` and a character `char`. ",
-                  "Take a string and a character, and ", "For the string `text` and the character `char`, "],
+                  "Take a string `text` and a character `char`, and ",
+                  "For the string `text` and the character `char`, "],
     "text_int": ["Given a string `text` and an integer `{1}`, ", "You are given a string `text` and an integer `{1}`. ",
-                 "Take a string and an integer {1}, and ", "For the string `text` and the integer `{1}`, "],
+                 "Take a string `text` and an integer `{1}`, and ", "For the string `text` and the integer `{1}`, "],
 }
 WORDS = ("apple", "level", "stone", "river", "noon", "Kayak", "tree", "sun", "banana", "code", "radar", "data",
          "loop", "moon", "Python", "list", "wow", "green", "a", "bb", "cat", "dog", "Anna", "sky", "bird", "ocean",
@@ -513,30 +517,41 @@ def _sentence(rng: random.Random, lo: int = 1) -> str:
     return " ".join(w.upper() if rng.random() < 0.15 else w for w in words) + rng.choice(["", "", "!", "."])
 
 
-def _second(task: Task, first: Any, rng: random.Random) -> Any:
-    """The second argument of a two-argument task: often one that occurs in the first, so that the
-    examples are not all empty."""
+def _pair(task: Task, rng: random.Random) -> tuple[Any, Any]:
+    """The arguments of a two-argument task, drawn so that answers are seldom trivial: a target that
+    occurs in the list, a limit that ends a non-empty prefix of it, a character of the text (for `words_starting_with`
+    the first letter of a word), a count below the number of words, lists that agree at some positions."""
+    second = (task.args or tuple(n for n, _ in ARG[task.kind]))[1]
     if task.kind == "ints_ints":
-        second = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
-        return sorted(second) if task.name == "merge_sorted" else second
+        xs = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
+        ys = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
+        if task.name == "merge_sorted":
+            return sorted(xs), sorted(ys)
+        return xs, [x if rng.random() < 0.4 else y for x, y in zip(xs, ys, strict=False)] + ys[len(xs):]
+    if task.kind == "ints_int":
+        xs = [rng.randint(-3, 12) for _ in range(rng.randint(0, 8))]  # narrow, so that targets repeat
+        if second == "target":
+            return xs, rng.choice(xs) if xs and rng.random() < 0.7 else rng.randint(-3, 12)
+        records = [v for i, v in enumerate(xs) if i and v > max(xs[:i])]  # larger than all before them
+        if second == "limit":  # a record stops both limit tasks after a non-empty prefix
+            return xs, rng.choice(records) if records and rng.random() < 0.8 else rng.randint(-3, 12)
+        return xs, rng.randint(1, max(len(xs), 1)) if rng.random() < 0.8 else rng.randint(1, 5)
+    text = _sentence(rng, 0 if task.kind == "text_char" else 1)
     if task.kind == "text_char":
-        pool = [c for c in first if c.isalpha()] + ([" ", " "] if task.name == "split_on" else [])
-        return rng.choice(pool) if pool and rng.random() < 0.8 else rng.choice("aeostnAX")
-    if task.args[1] in ("target", "limit"):
-        return rng.choice(first) if first and rng.random() < 0.7 else rng.randint(-3, 12)
-    return rng.randint(1, 3 if task.args[1] == "times" else 5)
+        if task.name == "words_starting_with":
+            pool = [w[0] for w in text.split()]
+        else:
+            pool = [c for c in text if c.isalpha()] + ([" ", " "] if task.name == "split_on" else [])
+        return text, rng.choice(pool) if pool and rng.random() < 0.8 else rng.choice("aeostnAX")
+    if second == "times":
+        return text, rng.randint(2, 3)
+    words = len(text.split())
+    return text, rng.randint(1, max(words - 1, 1)) if rng.random() < 0.8 else rng.randint(1, 6)
 
 
 def _example(task: Task, rng: random.Random) -> Any:
-    if task.kind == "ints_int":
-        xs = [rng.randint(-3, 12) for _ in range(rng.randint(0, 8))]  # narrow, so that targets repeat
-        return (xs, _second(task, xs, rng))
-    if task.kind == "ints_ints":
-        xs = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
-        return (sorted(xs) if task.name == "merge_sorted" else xs, _second(task, xs, rng))
-    if task.kind in ("text_char", "text_int"):
-        text = _sentence(rng, 0 if task.kind == "text_char" else 1)
-        return (text, _second(task, text, rng))
+    if len(ARG[task.kind]) == 2:
+        return _pair(task, rng)
     if task.kind == "ints":
         lo = 1 if task.name in NON_EMPTY else 0
         hi = 9 if task.name in REPEATS else 40  # a narrow range, so that values repeat
@@ -607,6 +622,8 @@ def draw_problem(rng: random.Random) -> AlgoProblem:
             lines.append(f"{call} -> {y!r}")
     head = {0: "", 1: "For example:\n", 2: "Examples:\n"}[style]
     intro = rng.choice(INTRO[task.kind]).format(*(n for n, _ in params))
+    if intro.endswith(". "):  # a description that starts a sentence
+        text = text[:1].upper() + text[1:]
     doc = textwrap.fill(intro + text, 96) + "\n\n" + head + "\n".join(lines)
     anns = "".join(ann for _, ann in params)
     typing = sorted(t for t in ("List", "Optional", "Tuple", "Dict") if typed and t in anns + task.ret)
