@@ -17,7 +17,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import pairwise, takewhile
 from typing import Any
 
 from dflash_robot.training.prompts import HUMANEVAL_WRAPPER, humaneval_stub
@@ -31,15 +31,6 @@ def _is_prime(v: int) -> bool:
 
 def _is_square(v: int) -> bool:
     return v >= 0 and int(v ** 0.5) ** 2 == v
-
-
-def _take_while_below(xs: list[int], limit: int) -> list[int]:
-    out = []
-    for v in xs:
-        if v >= limit:
-            break
-        out.append(v)
-    return out
 
 
 def _zip(pair: tuple[list[int], list[int]]) -> zip:
@@ -436,8 +427,8 @@ TASKS = (
          "there is none.", lambda a, k, p: next((i for i, v in enumerate(a[0]) if v >= a[1]), -1), "int",
          args=("numbers", "limit")),
     Task("ints_int", "take_while_below", "return the elements from the start of the list up to, and not including, "
-         "the first element that is not less than `limit`.", lambda a, k, p: _take_while_below(*a), "List[int]",
-         args=("numbers", "limit")),
+         "the first element that is not less than `limit`.",
+         lambda a, k, p: list(takewhile(lambda v: v < a[1], a[0])), "List[int]", args=("numbers", "limit")),
     Task("ints_int", "window_sums", "return the sums of every run of `size` consecutive elements, from left to "
          "right. A list shorter than `size` gives an empty list.",
          lambda a, k, p: [sum(a[0][i:i + a[1]]) for i in range(len(a[0]) - a[1] + 1)], "List[int]",
@@ -517,11 +508,18 @@ def _sentence(rng: random.Random, lo: int = 1) -> str:
     return " ".join(w.upper() if rng.random() < 0.15 else w for w in words) + rng.choice(["", "", "!", "."])
 
 
+def _params(task: Task) -> tuple[tuple[str, str], ...]:
+    """(name, annotation) of each parameter: the kind's, renamed by the task's `args`."""
+    kind = ARG[task.kind]
+    return tuple(zip(task.args, (ann for _, ann in kind), strict=True)) if task.args else kind
+
+
 def _pair(task: Task, rng: random.Random) -> tuple[Any, Any]:
     """The arguments of a two-argument task, drawn so that answers are seldom trivial: a target that
-    occurs in the list, a limit that ends a non-empty prefix of it, a character of the text (for `words_starting_with`
-    the first letter of a word), a count below the number of words, lists that agree at some positions."""
-    second = (task.args or tuple(n for n, _ in ARG[task.kind]))[1]
+    occurs in the list, a limit that ends a non-empty prefix of it, a character of the text (for
+    `words_starting_with` the first letter of a word), a count below the number of words, lists that
+    agree at some positions."""
+    second = _params(task)[1][0]
     if task.kind == "ints_ints":
         xs = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
         ys = [rng.randint(-3, 9) for _ in range(rng.randint(0, 7))]
@@ -532,8 +530,8 @@ def _pair(task: Task, rng: random.Random) -> tuple[Any, Any]:
         xs = [rng.randint(-3, 12) for _ in range(rng.randint(0, 8))]  # narrow, so that targets repeat
         if second == "target":
             return xs, rng.choice(xs) if xs and rng.random() < 0.7 else rng.randint(-3, 12)
-        records = [v for i, v in enumerate(xs) if i and v > max(xs[:i])]  # larger than all before them
-        if second == "limit":  # a record stops both limit tasks after a non-empty prefix
+        if second == "limit":  # a record (larger than all before it) stops both limit tasks after a prefix
+            records = [v for i, v in enumerate(xs) if i and v > max(xs[:i])]
             return xs, rng.choice(records) if records and rng.random() < 0.8 else rng.randint(-3, 12)
         return xs, rng.randint(1, max(len(xs), 1)) if rng.random() < 0.8 else rng.randint(1, 5)
     text = _sentence(rng, 0 if task.kind == "text_char" else 1)
@@ -590,9 +588,7 @@ def draw_problem(rng: random.Random) -> AlgoProblem:
     name = task.name.format(p=slug, k=k)
     text = task.text.format(p=pred.text.format(k=k) if pred else "", k=k)
 
-    params = ARG[task.kind]
-    if task.args:
-        params = tuple((n, ann) for n, (_, ann) in zip(task.args, params, strict=True))
+    params = _params(task)
 
     def reference(*x: Any) -> Any:
         return task.ref(x if len(params) > 1 else x[0], k, pred)
