@@ -2,7 +2,7 @@
 
 Usage: python scripts/compare_drafts.py --drafts shipped,runs/stage6/draft [--datasets humaneval,gsm8k]
                                         [--limit 10] [--block-sizes 1,4,16] [--threads 2] [--repeats 1]
-                                        [--temperature 1.0 --seeds 3]
+                                        [--temperature 1.0 --seeds 3] [--lookup 0,7 --lookup-ngram 3:4]
 
 Greedy, 128 new tokens, z-lab's prompt formats with the chat template (`bench.datasets`; any set
 `bench` knows: humaneval, gsm8k, aime25, mtbench (its first turn), ifbench), the default
@@ -21,6 +21,10 @@ over all of them; greedy τ does not change). For a draft with a draft vocabular
 is the share of the tokens its runs produced that the vocabulary holds: a token outside it is one the
 draft can never propose, so 1 - in_vocab bounds what the vocabulary costs. A `prompt_vocab` draft also
 proposes each request's prompt tokens: "in_reach" is the share in the vocabulary or that prompt.
+
+`--lookup 0,7` runs every (draft, block size) once per n-gram lookup setting (0: the draft alone;
+N: with the lookup branch of `runtime/lookup.py`, up to N tokens, n-grams of `--lookup-ngram MIN:MAX`);
+a run with lookup is named `draft+lookupN`; its paired delta is against the first draft without it.
 
 How sure a τ is: "tau_se" is its bootstrap standard error over prompts (`bench.runner.tau_interval`),
 and every draft after the first gets "delta_vs_<first>": its τ minus the first draft's on the same
@@ -57,6 +61,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs of every prompt per draft (timing only)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the floor's setting)")
     ap.add_argument("--seeds", type=int, default=1, help="sampled runs per prompt (seeds 0..N-1)")
+    ap.add_argument("--lookup", default="0", help="lookup branch lengths to run (0: none), e.g. 0,7")
+    ap.add_argument("--lookup-ngram", default="3:4", help="MIN:MAX n-gram sizes the lookup matches")
     args = ap.parse_args()
     for flag in ("limit", "repeats", "seeds", "max_new_tokens"):
         if getattr(args, flag) < 1:
@@ -65,6 +71,10 @@ def main() -> None:
     seeds = list(range(args.seeds)) if args.temperature > 0 else [None]
     names = args.drafts.split(",")
     block_sizes = [int(x) for x in args.block_sizes.split(",")]
+    lookups = [int(x) for x in args.lookup.split(",")]
+    if any(x < 0 for x in lookups):
+        ap.error("--lookup settings must be >= 0")
+    lo_n, hi_n = (int(x) for x in args.lookup_ngram.split(":"))
     paths = {n: n.split("@")[0] for n in names}
     drafts = {n: None if p == "shipped" else load_draft(p, dtype=torch.float32) for n, p in paths.items()}  # fail early
     try:  # an unknown or uninstalled set fails here, before the target loads
@@ -89,12 +99,18 @@ def main() -> None:
         prop = DFlashProposer(d, rt.target.input_embedding_weight(), rt.target.output_head(),
                               precision=precision or draft_precision(rt.info["precision"], d))
         orchestrators[n] = RuntimeOrchestrator(rt.target, prop, rt.orchestrator.prefill_chunk_size)
-    runs = ([("autoregressive", 1)] if 1 in block_sizes else []) + [(n, q) for q in block_sizes if q > 1
-                                                                     for n in names]
+    runs = ([("autoregressive", 1)] if 1 in block_sizes else []) + [
+        (n if lk == 0 else f"{n}+lookup{lk}", q) for q in block_sizes if q > 1 for lk in lookups for n in names]
+    lookup_of = {n if lk == 0 else f"{n}+lookup{lk}": lk for n in names for lk in lookups}
+    lookup_of["autoregressive"] = 0
+    base_of = {n if lk == 0 else f"{n}+lookup{lk}": n for n in names for lk in lookups}
+    base_of["autoregressive"] = "autoregressive"
     eos = rt.stop_token_ids()
     warm = rt.encode(next(iter(texts.values()))[0])
     for n, q in runs:  # untimed: first-call allocations and kernel builds at each block size
-        orchestrators[n].generate(warm, GenerationConfig(16, q, sampling, stop_token_ids=eos))
+        orchestrators[base_of[n]].generate(warm, GenerationConfig(16, q, sampling, stop_token_ids=eos,
+                                                                  lookup_tokens=lookup_of[n], lookup_min_ngram=lo_n,
+                                                                  lookup_max_ngram=hi_n))
     rows = []
     for ds, ds_texts in texts.items():
         prompts = [rt.encode(t) for t in ds_texts]
@@ -106,25 +122,27 @@ def main() -> None:
         reach: dict[tuple[str, int], int] = dict.fromkeys(runs, 0)  # produced tokens in vocabulary or prompt
         for k, (j, ids, seed) in enumerate(jobs):
             for n, q in runs[k % len(runs):] + runs[:k % len(runs)]:
-                r = orchestrators[n].generate(ids, GenerationConfig(args.max_new_tokens, q, sampling,
-                                                                    stop_token_ids=eos, seed=seed))
+                r = orchestrators[base_of[n]].generate(ids, GenerationConfig(
+                    args.max_new_tokens, q, sampling, stop_token_ids=eos, seed=seed, lookup_tokens=lookup_of[n],
+                    lookup_min_ngram=lo_n, lookup_max_ngram=hi_n))
                 per_prompt[n, q][j] += r.acceptance_lengths
                 toks[n, q] += len(r.token_ids) - 1
                 secs[n, q] += r.decode_s
                 made[n, q] += r.token_ids
-                if vocab[n] is not None:
+                if vocab[base_of[n]] is not None:
                     out = torch.tensor(r.token_ids)
-                    reach[n, q] += int((vocab[n].cpu()[out] | torch.isin(out, torch.tensor(ids))).sum())
+                    reach[n, q] += int((vocab[base_of[n]].cpu()[out] | torch.isin(out, torch.tensor(ids))).sum())
         for n, q in runs:
             a = [x for p in per_prompt[n, q] for x in p]
-            rows.append({"draft": n, "dataset": ds, "block_size": q, "temperature": args.temperature,
+            rows.append({"draft": n, "dataset": ds, "block_size": q, "lookup_tokens": lookup_of[n],
+                         "temperature": args.temperature,
                          "tau": round(sum(a) / len(a), 3) if a else None,
                          "tok_s": round(toks[n, q] / secs[n, q], 1) if secs[n, q] > 0 else None,
                          "repeats": args.repeats})
-            t2d = vocab[n]
+            t2d = vocab[base_of[n]]
             if t2d is not None and made[n, q]:
                 rows[-1]["in_vocab"] = round(t2d.cpu()[torch.tensor(made[n, q])].float().mean().item(), 4)
-                if prompt_vocab.get(n):
+                if prompt_vocab.get(base_of[n]):
                     rows[-1]["in_reach"] = round(reach[n, q] / len(made[n, q]), 4)
             if q > 1 and a:
                 se = tau_interval(per_prompt[n, q])["se"]

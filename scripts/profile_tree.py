@@ -1,14 +1,17 @@
 """The cost of each step of one tree iteration (DDTree) against the chain's, on the default target.
 
 Usage: python scripts/profile_tree.py [--threads 2] [--context 256] [--reps 15]
-                                      [--budgets 3,7,15,32] [--draft DIR]
+                                      [--budgets 3,7,15,32] [--draft DIR] [--lookup 7]
 
 Loads the embedded default target (lean engine, default precision) and the draft, prefills
 --context random tokens, then for the chain at q = budget + 1 (at most 16) and the tree of each
 budget at the same q times, median over --reps: the draft forward, building the tree (top-k,
 level-by-level selection, ancestor mask), the verify forward (q rows for the chain, budget + 1
 rows under the ancestor mask for the tree), acceptance plus the one host transfer, and the
-rollback / compaction of a depth-2 path. Prints JSON.
+rollback / compaction of a depth-2 path. With `--lookup N` it also times the n-gram lookup
+(`runtime/lookup.py`: the host-side search over a history of --context tokens that ends in a
+repeated 4-gram, so that it matches) and merging its N-token branch into a block-4 chain
+(`tree.attach_chain`, on the CPU path that drops the shared rows). Prints JSON.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash_robot.runtime.api import DFlashRuntime
-from dflash_robot.runtime.tree import build_tree, tree_accept
+from dflash_robot.runtime.lookup import NgramLookup
+from dflash_robot.runtime.tree import attach_chain, build_tree, chain_tree, tree_accept
 
 
 def main() -> None:
@@ -32,6 +36,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--budgets", default="3,7,15,32")
     ap.add_argument("--draft", default=None)
+    ap.add_argument("--lookup", type=int, default=0, help="also time an n-gram lookup branch of N tokens")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load(draft=args.draft)
@@ -80,6 +85,21 @@ def main() -> None:
                              strict=True):
                 t[k].append(dt)
         out[f"budget {n}, q {q}"] = {k: round(1000 * statistics.median(v[1:]), 3) for k, v in t.items()}
+    if args.lookup:
+        hist = torch.cat([prompt, prompt[100:104]])  # its last 4-gram occurs once before
+        lookup = NgramLookup(4, 3)
+        block = torch.cat([prompt[-1:], prompt[:3]])
+        tl: dict[str, list[float]] = {"lookup": [], "attach_chain": []}
+        for _ in range(args.reps + 1):
+            t0 = time.perf_counter()
+            branch = lookup.propose(hist, args.lookup)
+            t1 = time.perf_counter()
+            attach_chain(chain_tree(block), branch, drop_dead=True)
+            t2 = time.perf_counter()
+            tl["lookup"].append(t1 - t0)
+            tl["attach_chain"].append(t2 - t1)
+        assert branch.numel() == args.lookup
+        out[f"lookup {args.lookup}, q 4"] = {k: round(1000 * statistics.median(v[1:]), 3) for k, v in tl.items()}
     print(json.dumps({"ms": out, "context": args.context, "threads": args.threads,
                       "precision": rt.info.get("precision"), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                      time.gmtime())}, indent=1))

@@ -120,6 +120,31 @@ def test_tree_is_lossless_on_the_real_model(rt_gguf, budget, block):
     assert max(tree.acceptance_lengths) >= 3  # the tree really accepted multi-token paths
 
 
+STUB = ('Complete the following Python function.\n\n```python\ndef count_vowels(text: str) -> int:\n'
+        '    """Return how many characters of `text` are vowels (a, e, i, o, u), ignoring case.\n\n'
+        '    >>> count_vowels("Banana")\n    3\n    """\n```')
+
+
+@pytest.mark.parametrize("block,budget", [(4, 0), (16, 0), (8, 8)])
+def test_lookup_is_lossless_on_the_real_model_and_accepts_more(rt_gguf, block, budget):
+    """The n-gram lookup branch (the default for greedy decoding) on SmolLM2 at precision gguf: the
+    output equals the same engine's autoregressive greedy output; at block 4, on a stub the target
+    copies from, acceptance rises above the draft's own, through branches deeper than the block."""
+    ids = chat_ids(rt_gguf.tokenizer, STUB)
+    eos = rt_gguf.tokenizer.eos_token_id
+    ar = rt_gguf.orchestrator.generate(ids, GenerationConfig(max_new_tokens=96, block_size=1, stop_token_ids=(eos,)))
+    alone = rt_gguf.orchestrator.generate(ids, GenerationConfig(max_new_tokens=96, block_size=block,
+                                                                stop_token_ids=(eos,), tree_budget=budget))
+    cfg = rt_gguf.config(max_new_tokens=96, block_size=block, tree_budget=budget)
+    assert cfg.lookup_tokens > 0  # on by default here
+    both = rt_gguf.orchestrator.generate(ids, cfg)
+    assert both.token_ids == ar.token_ids == alone.token_ids
+    assert both.mean_acceptance_length >= alone.mean_acceptance_length
+    if block == 4:
+        assert both.mean_acceptance_length > alone.mean_acceptance_length
+        assert max(both.acceptance_lengths) > block  # a branch deeper than the draft's block was accepted
+
+
 def test_gguf_int4_cache_skips_parsing_and_survives_damage(tmp_path, monkeypatch):
     """A second start reads the int4 blocks from the cache without parsing the GGUF (the parse took
     seconds), gets the same weights, and a damaged cache is rebuilt rather than trusted."""

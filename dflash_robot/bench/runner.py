@@ -239,16 +239,22 @@ class BenchConfig:
     progress: bool = True
     tree_budgets: Sequence[int] = ()  # tree verification (DDTree) runs, one per budget ...
     tree_block_size: int | None = None  # ... at this block size (default: min(max, budget + 1))
+    lookup_tokens: Sequence[int] = ()  # each chain block size (and adaptive) again with an n-gram lookup branch
 
 
 def _policies(cfg: BenchConfig, costs: dict[int, float] | None, max_block: int,
-              tree_costs: dict[int, float] | None = None) -> dict[str, tuple[Callable[[], BlockSizePolicy], int]]:
-    """key -> (policy factory, tree budget; 0 = chain)."""
-    out: dict[str, tuple[Callable[[], BlockSizePolicy], int]] = {}
+              tree_costs: dict[int, float] | None = None
+              ) -> dict[str, tuple[Callable[[], BlockSizePolicy], int, int]]:
+    """key -> (policy factory, tree budget (0 = chain), lookup branch tokens (0 = none))."""
+    out: dict[str, tuple[Callable[[], BlockSizePolicy], int, int]] = {}
+    if any(not isinstance(n, int) or n < 1 for n in cfg.lookup_tokens):
+        raise ConfigError(f"lookup branch lengths must be integers >= 1, got {list(cfg.lookup_tokens)}")
     for q in cfg.block_sizes:
         if not 2 <= q <= max_block:
             raise ConfigError(f"block size {q} outside 2..{max_block} (the draft's training block size)")
-        out[f"q={q}"] = (lambda q=q: FixedBlockSize(q), 0)  # type: ignore[misc]
+        out[f"q={q}"] = (lambda q=q: FixedBlockSize(q), 0, 0)  # type: ignore[misc]
+        for n in cfg.lookup_tokens:
+            out[f"q={q}+lookup={n}"] = (lambda q=q: FixedBlockSize(q), 0, n)  # type: ignore[misc]
     if cfg.tree_block_size is not None and not 2 <= cfg.tree_block_size <= max_block:
         raise ConfigError(f"tree block size {cfg.tree_block_size} outside 2..{max_block} "
                           "(the draft's training block size)")
@@ -256,14 +262,17 @@ def _policies(cfg: BenchConfig, costs: dict[int, float] | None, max_block: int,
         if n < 1:
             raise ConfigError(f"tree budget {n} must be >= 1")
         q = cfg.tree_block_size or min(max_block, n + 1)  # deep enough for the budget as one chain
-        out[f"tree={n},q={q}"] = (lambda q=q: FixedBlockSize(q), n)  # type: ignore[misc]
+        out[f"tree={n},q={q}"] = (lambda q=q: FixedBlockSize(q), n, 0)  # type: ignore[misc]
     if cfg.adaptive:
         assert costs is not None
         shared = AdaptiveBlockSize(costs, max_block)  # learns across the dataset's prompts
-        out["adaptive"] = (lambda: shared, 0)
+        out["adaptive"] = (lambda: shared, 0, 0)
+        for n in cfg.lookup_tokens:
+            shared_lookup = AdaptiveBlockSize(costs, max_block)
+            out[f"adaptive+lookup={n}"] = (lambda p=shared_lookup: p, 0, n)  # type: ignore[misc]
         if tree_costs:
             shared_tree = AdaptiveBlockSize(costs, max_block, tree_costs=tree_costs)
-            out["adaptive+tree"] = (lambda: shared_tree, 0)
+            out["adaptive+tree"] = (lambda: shared_tree, 0, 0)
     return out
 
 
@@ -307,9 +316,9 @@ def run_bench(runtime: Any, cfg: BenchConfig, costs: dict[int, float] | None = N
                 base.add(len(b.token_ids), b.decode_s, b.time_to_first_token_s)
                 if rss_after_baseline is None:
                     rss_after_baseline = peak_rss_mb()
-                for key, (make, budget) in policies.items():
+                for key, (make, budget, lookup) in policies.items():
                     r = orch.generate(ids, GenerationConfig(cfg.max_new_tokens, None, stop_token_ids=stops,
-                                                            tree_budget=budget), policy=make())
+                                                            tree_budget=budget, lookup_tokens=lookup), policy=make())
                     stats[key].add(len(r.token_ids), r.decode_s, r.time_to_first_token_s,
                                    r.acceptance_lengths, r.block_sizes)
                     stats[key].mismatches += r.token_ids != b.token_ids

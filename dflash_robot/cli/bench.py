@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--tree-block-size", type=int_at_least(2), default=None,
                    help="block size (tree depth + 1) of the tree runs (default: budget + 1, at most the draft's "
                         "training block size: deep enough for the budget as one chain)")
+    b.add_argument("--lookup", type=int_list, default=[],
+                   help="also run each block size (and adaptive) with an n-gram lookup branch of up to this many "
+                        "tokens, e.g. 7 (rows 'q=4+lookup=7'; docs/ARCHITECTURE.md, 'N-gram lookup')")
     b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive block-size policy")
     b.add_argument("--max-new-tokens", type=int_at_least(1), default=128, help="tokens to generate per prompt")
     b.add_argument("--seed", type=int, default=0, help="subset selection seed")
@@ -71,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tree-budgets must be integers >= 1, got {args.tree_budgets}")
     if args.tree_block_size is not None and not args.tree_budgets:
         raise ConfigError("--tree-block-size needs --tree-budgets")
+    if any(n < 1 for n in args.lookup):
+        raise ConfigError(f"--lookup must be integers >= 1, got {args.lookup}")
     if args.hf_generate and args.engine == "executorch":
         raise ConfigError("--hf-generate runs transformers' generate on the target model, which an ExecuTorch "
                           "export does not hold; bench the export without it, or the eager target with it")
@@ -111,6 +116,8 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
     reason = getattr(rt.target, "tree_unsupported", None)
     if args.tree_budgets and reason is not None:
         raise ConfigError(f"--tree-budgets: {reason}")
+    if args.lookup and reason is not None:
+        raise ConfigError(f"--lookup (its branch is verified as a tree): {reason}")
     top = rt.draft.metadata.training_block_size
     if any(q > top for q in args.block_sizes + [args.tree_block_size or 0]):
         raise ConfigError(f"--block-sizes {args.block_sizes} / --tree-block-size {args.tree_block_size}: "
@@ -119,7 +126,7 @@ def _run(args: argparse.Namespace, datasets: list[str], target: Path, gguf: Path
                       adaptive=not args.no_adaptive, max_new_tokens=args.max_new_tokens, seed=args.seed,
                       hf_generate=args.hf_generate, llama_cpp_gguf=str(gguf) if gguf else None,
                       threads=args.threads, progress=not args.no_progress, tree_budgets=args.tree_budgets,
-                      tree_block_size=args.tree_block_size)
+                      tree_block_size=args.tree_block_size, lookup_tokens=args.lookup)
     costs = tree_costs = None
     if cfg.adaptive:
         print("iteration-cost curve for --adaptive (cached: " + (args.cost_cache or "off") + ")", file=sys.stderr)

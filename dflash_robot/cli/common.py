@@ -82,9 +82,27 @@ def add_decoding_args(d: argparse._ArgumentGroup, per_request: bool = False) -> 
                      "(measured once in about 20 s, then cached for a week; see --cost-cache)")
     d.add_argument("--cost-cache", default=DEFAULT_COST_CACHE,
                    help="JSON file caching the iteration-cost curve ('' to re-measure every run)")
+    d.add_argument("--lookup", type=int_at_least(0), default=None, metavar="N",
+                   help="an n-gram lookup branch of up to N tokens beside the draft's, verified with it as a tree "
+                        "(0 = off; default: 7 for greedy decoding where the target verifies trees, else off): the "
+                        "continuation of the last earlier occurrence of the last --lookup-ngram tokens")
+    d.add_argument("--lookup-ngram", type=ngram_range, default=(3, 4), metavar="MIN:MAX",
+                   help="the n-gram sizes the lookup matches, longest first")
     d.add_argument("--rollback", choices=["replay", "capture"], default=None,
                    help="rollback of hybrid (linear-attention/SSM) targets (default: capture where the model's "
                         "kernel allows it)")
+
+
+def ngram_range(text: str) -> tuple[int, int]:
+    """'MIN:MAX' (or one size) -> (min, max), 1 <= min <= max."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if 1 <= len(parts) <= 2 else (0, 0)
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX n-gram sizes with 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
 
 
 def check_block_size(args: argparse.Namespace) -> None:
@@ -109,9 +127,20 @@ def load_runtime(args: argparse.Namespace, no_draft: bool = False, target: Any =
 
     extra = {k: getattr(args, k) for k in ("precision", "draft_device", "draft_dtype", "engine")
              if getattr(args, k, None) is not None}  # the options `add_model_args(engine=True)` adds
-    return DFlashRuntime.load(target or args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
-                              device=args.device, no_draft=no_draft, rollback=args.rollback,
-                              fast_linears=not args.no_fast_linears, **extra)
+    rt = DFlashRuntime.load(target or args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
+                            device=args.device, no_draft=no_draft, rollback=args.rollback,
+                            fast_linears=not args.no_fast_linears, **extra)
+    if getattr(args, "lookup", None):  # an explicit N needs a target that verifies trees: refused now
+        reason = getattr(rt.target, "tree_unsupported", "this target adapter has no tree verification")
+        if reason is not None and rt.draft is not None:
+            from dflash_robot.errors import UnsupportedModelError
+
+            raise UnsupportedModelError(f"--lookup {args.lookup} (its branch is verified as a tree): {reason}")
+    if getattr(args, "lookup", None) is not None:
+        rt.lookup_tokens = args.lookup
+    if getattr(args, "lookup_ngram", None) is not None:
+        rt.lookup_ngram = args.lookup_ngram
+    return rt
 
 
 def cost_progress(done: int, total: int) -> None:
@@ -142,6 +171,9 @@ def check_paths(args: argparse.Namespace) -> None:
         if getattr(args, "tree_budget", 0) or getattr(args, "tree_budgets", None):
             raise ConfigError("an ExecuTorch export verifies causal blocks only; tree verification needs the "
                               "lean or transformers engine")
+        if getattr(args, "lookup", None):
+            raise ConfigError("an ExecuTorch export verifies causal blocks only; --lookup's branch is verified as a "
+                              "tree, which needs the lean or transformers engine")
         from dflash_robot.export.manifest import read_manifest
 
         args.executorch_manifest = read_manifest(args.target)

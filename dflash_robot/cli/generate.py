@@ -31,6 +31,7 @@ examples:
   echo "Tell me a story." | dflash-robot generate --temperature 0.8 --top-p 0.95 --seed 1
   dflash-robot generate "Hi" --block-size 1          # plain autoregressive decoding, same loop
   dflash-robot generate "Hi" --block-size 8 --tree-budget 16   # verify a 16-node draft tree per step
+  dflash-robot generate "Hi" --lookup 0             # the draft alone, without the n-gram lookup branch
 """
 
 
@@ -72,6 +73,9 @@ def _validate(args: argparse.Namespace) -> None:
                      stop_token_ids=tuple(args.stop_token_ids or ()))
     if args.tree_budget and args.block_size == 1:
         raise ConfigError("--tree-budget needs a draft block: --block-size must be >= 2")
+    if args.lookup and args.verify_mode == "sequential":
+        raise ConfigError("--lookup's branch is verified as a tree, in one batched forward; drop --verify-mode "
+                          "sequential (or pass --lookup 0)")
     if args.tree_budget and args.verify_mode == "sequential":
         raise ConfigError("--tree-budget verifies the tree in one batched forward; drop --verify-mode sequential")
     if args.tree_topk is not None and args.adaptive:

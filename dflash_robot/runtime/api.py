@@ -47,6 +47,10 @@ DEFAULT_DRAFT = SHIPPED_DRAFT
 # GGUF target the lean engine runs, else fp32. Measured fastest and lossless (docs/BENCHMARKS.md).
 DEFAULT_PRECISION = "auto"
 DEFAULT_COST_CACHE = Path.home() / ".cache" / "dflash-robot" / "costs.json"
+# the n-gram lookup branch (runtime/lookup.py) that `config` adds by default to greedy decoding where
+# the target verifies trees: up to 7 tokens, from the last match of the last 4 (else 3) committed
+# tokens; measured in docs/BENCHMARKS.md, session 47
+DEFAULT_LOOKUP_TOKENS = 7
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
 
@@ -72,6 +76,9 @@ class DFlashRuntime:
     orchestrator: RuntimeOrchestrator
     info: dict[str, Any] = field(default_factory=dict)  # what it was loaded from (cost-curve key)
     _costs: dict[int, float] | None = field(default=None, repr=False)
+    # `config`'s lookup branch when a call names none: None = DEFAULT_LOOKUP_TOKENS where it can run
+    lookup_tokens: int | None = None
+    lookup_ngram: tuple[int, int] = (3, 4)  # ... and the (min, max) n-gram sizes it matches
 
     @classmethod
     def from_models(cls, target_model: Any, draft: DFlashDraft | None, tokenizer: Any = None,
@@ -231,14 +238,29 @@ class DFlashRuntime:
     def config(self, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                block_size: int | None = None, seed: int | None = 0, stop_token_ids: Sequence[int] = (),
                verify_mode: str = "batched", tree_budget: int = 0,
-               tree_topk: int | None = None) -> GenerationConfig:
+               tree_topk: int | None = None, lookup_tokens: int | None = None,
+               lookup_ngram: tuple[int, int] | None = None) -> GenerationConfig:
         """A validated `GenerationConfig` with this model's EOS ids as stop tokens.
         `tree_budget` > 0 verifies a draft tree of that many nodes per step (DDTree) instead
-        of a chain; `tree_topk` caps the candidates per depth (default: the budget)."""
+        of a chain; `tree_topk` caps the candidates per depth (default: the budget).
+        `lookup_tokens` adds an n-gram lookup branch of up to that many tokens beside the draft's
+        (`runtime/lookup.py`; 0: none; None: `self.lookup_tokens`, else DEFAULT_LOOKUP_TOKENS for
+        greedy decoding where this target verifies trees in a batched forward, else none: sampled, a
+        branch raised acceptance but cost more than it gained on the CPU box); `lookup_ngram` is
+        the (min, max) n-gram size it matches (None: `self.lookup_ngram`)."""
+        lookup_ngram = lookup_ngram or self.lookup_ngram
+        if lookup_tokens is None:
+            lookup_tokens = self.lookup_tokens
+        if lookup_tokens is None:
+            can = self.draft is not None and verify_mode == "batched" and temperature == 0 and \
+                getattr(self.target, "tree_unsupported", "none") is None
+            lookup_tokens = DEFAULT_LOOKUP_TOKENS if can else 0
         return GenerationConfig(max_new_tokens=max_new_tokens, block_size=block_size,
                                 sampling=SamplingConfig(temperature, top_p, top_k),
                                 stop_token_ids=self.stop_token_ids(stop_token_ids), seed=seed,
-                                verify_mode=verify_mode, tree_budget=tree_budget, tree_topk=tree_topk)
+                                verify_mode=verify_mode, tree_budget=tree_budget, tree_topk=tree_topk,
+                                lookup_tokens=lookup_tokens, lookup_min_ngram=lookup_ngram[0],
+                                lookup_max_ngram=lookup_ngram[1])
 
     def events(self, prompt: Prompt, cfg: GenerationConfig, policy: BlockSizePolicy | None = None,
                chat: bool = True) -> Generator[StepEvent, None, None]:
@@ -248,7 +270,8 @@ class DFlashRuntime:
     def stream(self, prompt: Prompt, *, stop: Sequence[str] = (), adaptive: bool = False, chat: bool = True,
                **settings: Any) -> Iterator[str]:
         """Yield text deltas. `settings` are those of `config` (max_new_tokens, temperature,
-        top_p, top_k, block_size, seed, stop_token_ids, verify_mode, tree_budget, tree_topk)."""
+        top_p, top_k, block_size, seed, stop_token_ids, verify_mode, tree_budget, tree_topk,
+        lookup_tokens, lookup_ngram)."""
         cfg = self.config(**settings)
         policy = self.adaptive_policy() if adaptive else None
         text = TextStream(self.tokenizer, stop) if self.tokenizer is not None else None

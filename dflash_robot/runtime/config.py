@@ -42,6 +42,11 @@ class GenerationConfig:
     verify_mode: str = "batched"  # "batched" or "sequential" (reference, token by token)
     tree_budget: int = 0  # > 0: tree verification (DDTree) with this many drafted nodes; 0: chain
     tree_topk: int | None = None  # per-depth candidates of the tree (None: the budget)
+    # n-gram lookup (`runtime/lookup.py`): a branch of up to `lookup_tokens` tokens (0: none) beside
+    # the draft's, from the last match of the last n committed tokens, n from max down to min
+    lookup_tokens: int = 0
+    lookup_min_ngram: int = 3
+    lookup_max_ngram: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
@@ -56,6 +61,18 @@ class GenerationConfig:
             raise ConfigError(f"tree_budget must be an integer >= 0 (0 = chain), got {self.tree_budget!r}")
         if self.tree_topk is not None and (not isinstance(self.tree_topk, int) or self.tree_topk < 1):
             raise ConfigError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
+        if not isinstance(self.lookup_tokens, int) or isinstance(self.lookup_tokens, bool) or self.lookup_tokens < 0:
+            raise ConfigError(f"lookup_tokens must be an integer >= 0 (0 = no lookup), got {self.lookup_tokens!r}")
+        for name in ("lookup_min_ngram", "lookup_max_ngram"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.lookup_min_ngram > self.lookup_max_ngram:
+            raise ConfigError(f"lookup_min_ngram ({self.lookup_min_ngram}) is above lookup_max_ngram "
+                              f"({self.lookup_max_ngram})")
+        if self.lookup_tokens and self.verify_mode != "batched":
+            raise ConfigError("an n-gram lookup branch is verified as a tree, in one batched forward; "
+                              "verify_mode must be 'batched'")
         if self.tree_budget and self.verify_mode != "batched":
             raise ConfigError("tree verification runs in one batched forward; verify_mode must be 'batched'")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):

@@ -15,6 +15,9 @@ One iteration, with q the block size and `last` the last committed token:
 A `TreeStrategy` (`strategy.py`, DDTree) replaces steps 1-3 and 5 with a draft tree verified under
 an ancestor mask, acceptance along the target's own choices, and a compaction of the accepted
 path's cache entries; the transfer in step 4 then also carries the path.
+With `lookup_ngram`, step 1 also looks the last committed n-gram up in the request's own tokens
+(on the host, where step 4 brought them; `lookup.py`) and adds what followed it as one more tree
+branch, so that iteration verifies and commits as a tree.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from dflash_robot.errors import ConfigError, UnsupportedModelError
 from dflash_robot.runtime.config import GenerationConfig
+from dflash_robot.runtime.lookup import NgramLookup, TokenHistory
 from dflash_robot.runtime.policy import BlockSizePolicy, FixedBlockSize
 from dflash_robot.runtime.proposer import DraftAdapter
 from dflash_robot.runtime.sampling import next_token
@@ -102,6 +106,7 @@ class RuntimeOrchestrator:
                               "forward; leave tree_budget at 0 and verify_mode 'batched'")
         # refuses a tree the target cannot verify, before any work
         strategies = {0: self._strategy(cfg.tree_budget, cfg.tree_topk)}
+        lookup = self._lookup(cfg)
         if plans_trees:
             strategies.update({n: self._strategy(n) for n in policy.tree_costs})  # type: ignore[attr-defined]
         tgt = self.target
@@ -134,6 +139,10 @@ class RuntimeOrchestrator:
         yield StepEvent([first_id], None, 1, 0.0, time.perf_counter() - t0, done)
         if done:
             return
+        tokens = None
+        if lookup is not None:
+            tokens = TokenHistory(ids, cfg.max_new_tokens)
+            tokens.extend([first_id])
         features = out.features
         if self.drafter is not None and tap is not None:
             self.drafter.reset(ids)
@@ -143,19 +152,25 @@ class RuntimeOrchestrator:
             q = min(self._checked_block_size(policy, history), remaining + 1)
             strategy = strategies[policy.next_tree_budget()] if plans_trees else strategies[0]  # type: ignore[attr-defined]
             t_start = time.perf_counter()
-            proposal = strategy.propose(last, features, q, sampling, gen)
+            branch = None
+            if tokens is not None and q > 1:  # on the host: the committed tokens came back last step
+                # a branch may be deeper than the draft's block, not than the token budget
+                found = lookup.propose(tokens.view(), min(cfg.lookup_tokens, remaining))  # type: ignore[union-attr]
+                branch = found.to(tgt.device, non_blocking=True) if found.numel() else None
+            proposal = strategy.propose(last, features, q, sampling, gen, branch)
             t_draft = time.perf_counter()
             snap = tgt.snapshot()
             vout = strategy.verify(tgt, proposal, tap, cfg.verify_mode == "sequential")
             acc = strategy.accept(proposal, vout.logits, sampling, gen)
             # one transfer: [a, first stop index within the committed run, tokens..., (tree) path...]
+            width = acc.tokens.shape[0]  # q, or a tree's depth + 1 (a lookup branch may be deeper)
             is_stop = torch.isin(acc.tokens, stops)
-            first_stop = torch.where(is_stop.any(), is_stop.to(torch.int64).argmax(), q)
+            first_stop = torch.where(is_stop.any(), is_stop.to(torch.int64).argmax(), width)
             path = getattr(acc, "path", None)
             parts = [acc.num_accepted.view(1), first_stop.view(1), acc.tokens]
             host = torch.cat(parts if path is None else parts + [path]).tolist()
-            a, stop_at, toks = host[0], host[1], host[2:2 + q]
-            path_host = None if path is None else host[2 + q:]
+            a, stop_at, toks = host[0], host[1], host[2:2 + width]
+            path_host = None if path is None else host[2 + width:]
             produced = min(a + 1, remaining)
             reason = "length" if produced == remaining else None
             if stop_at < produced:
@@ -163,6 +178,8 @@ class RuntimeOrchestrator:
             strategy.commit(tgt, snap, path_host, produced)
             generated += produced
             history.append(produced)
+            if tokens is not None:
+                tokens.extend(toks[:produced])
             if tap is not None:
                 new = vout.features[:produced] if path is None else vout.features[path[:produced]]  # type: ignore[index]
                 # at q == 1 the draft did not run: keep the features it has not consumed yet
@@ -172,6 +189,17 @@ class RuntimeOrchestrator:
                             time.perf_counter() - t_draft, reason)
             if reason:
                 return
+
+    def _lookup(self, cfg: GenerationConfig) -> NgramLookup | None:
+        """The request's n-gram lookup, or None; refused before any work where the target cannot
+        verify the tree it makes."""
+        if not cfg.lookup_tokens or self.drafter is None:
+            return None
+        reason = getattr(self.target, "tree_unsupported", "this target adapter has no tree verification")
+        if reason is not None:
+            raise UnsupportedModelError(f"an n-gram lookup branch (verified as a tree) on "
+                                        f"{type(self.target).__name__}: {reason}")
+        return NgramLookup(cfg.lookup_max_ngram, cfg.lookup_min_ngram)
 
     def _strategy(self, tree_budget: int, tree_topk: int | None = None) -> ChainStrategy:
         if not tree_budget:

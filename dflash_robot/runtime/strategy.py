@@ -11,6 +11,10 @@ differ:
   mask; the target's own token is walked down the children; the cache keeps the accepted
   path's entries, moved into place (`TargetAdapter.compact`), without re-running the target.
 
+Either may get a `branch` from an n-gram lookup (`runtime/lookup.py`): it is merged into the
+proposal as one more path of a tree (a chain becomes a tree of its argmax tokens first), and the
+iteration then verifies, accepts and commits as a tree does.
+
 Both keep everything on the device until the orchestrator's one transfer per iteration.
 """
 
@@ -26,7 +30,7 @@ from dflash_robot.runtime.acceptance import Acceptance, greedy_accept, rejection
 from dflash_robot.runtime.config import SamplingConfig
 from dflash_robot.runtime.proposer import DraftAdapter
 from dflash_robot.runtime.sampling import sample_from, sampling_probs
-from dflash_robot.runtime.tree import DraftTree, build_tree, tree_accept
+from dflash_robot.runtime.tree import DraftTree, attach_chain, build_tree, chain_tree, tree_accept
 from dflash_robot.targets.base import CacheSnapshot, TargetAdapter, TargetOutput
 
 
@@ -55,15 +59,19 @@ class ChainStrategy:
         return block, self.drafter.propose(features, block)
 
     def propose(self, last: torch.Tensor, features: torch.Tensor | None, q: int,
-                sampling: SamplingConfig, gen: torch.Generator) -> Proposal:
-        """-> block [q] = [last, d_1..d_{q-1}], and the draft probs [q-1, V] when sampling."""
+                sampling: SamplingConfig, gen: torch.Generator, branch: torch.Tensor | None = None) -> Proposal:
+        """-> block [q] = [last, d_1..d_{q-1}], and the draft probs [q-1, V] when sampling. With a
+        `branch` [L >= 1] (lookup tokens, on the target's side): a tree of the draft's argmax
+        chain and the branch, greedy or sampling alike (tree acceptance draws from the target)."""
         if q == 1:
             return Proposal(last)
         block, logits = self._draft_logits(last, features, q)
         ids = self.drafter.vocab_ids  # type: ignore[union-attr]  # [N] or None
-        if sampling.greedy:
+        if sampling.greedy or branch is not None:
             drafted = logits.argmax(dim=-1)
             block[1:] = drafted if ids is None else ids[drafted]  # q - 1 ids back to the target's side
+            if branch is not None:
+                return with_branch(Proposal(block, tree=chain_tree(block)), branch)
             return Proposal(block)
         probs = sampling_probs(logits.to(block.device, torch.float32), sampling)
         drafted = sample_from(probs, gen)
@@ -77,10 +85,18 @@ class ChainStrategy:
 
     def verify(self, target: TargetAdapter, proposal: Proposal, tap: tuple[int, ...] | None,
                sequential: bool) -> TargetOutput:
-        return target.verify(proposal.tokens, tap, sequential=sequential)
+        tree = proposal.tree
+        if tree is None:
+            return target.verify(proposal.tokens, tap, sequential=sequential)
+        return target.verify_tree(tree.tokens, tree.depths, tree.ancestors, tap)
 
     def accept(self, proposal: Proposal, logits: torch.Tensor, sampling: SamplingConfig,
                gen: torch.Generator) -> Acceptance:
+        tree = proposal.tree
+        if tree is not None:
+            # the target's token at every node: its argmax, or one draw from its processed distribution
+            choice = logits.argmax(dim=-1) if sampling.greedy else sample_from(sampling_probs(logits, sampling), gen)
+            return tree_accept(tree, choice)
         block = proposal.tokens
         if sampling.greedy:
             return greedy_accept(block[1:], logits)
@@ -92,7 +108,19 @@ class ChainStrategy:
 
     def commit(self, target: TargetAdapter, snap: CacheSnapshot, path: list[int] | None,
                produced: int) -> None:
-        target.rollback(snap, produced)
+        if path is None:
+            target.rollback(snap, produced)
+        else:
+            target.compact(snap, path[:produced])
+
+
+def with_branch(proposal: Proposal, branch: torch.Tensor) -> Proposal:
+    """A tree proposal with one more path, `branch` (tokens for depths 1..), merged in. On a CPU
+    target the rows it shares with the tree are dropped (a read costs less than a row)."""
+    tree = proposal.tree
+    assert tree is not None
+    tree = attach_chain(tree, branch, drop_dead=tree.tokens.device.type == "cpu")
+    return Proposal(tree.tokens, tree=tree)
 
 
 class TreeStrategy(ChainStrategy):
@@ -114,7 +142,7 @@ class TreeStrategy(ChainStrategy):
         self.topk = budget if topk is None else topk
 
     def propose(self, last: torch.Tensor, features: torch.Tensor | None, q: int,
-                sampling: SamplingConfig, gen: torch.Generator) -> Proposal:
+                sampling: SamplingConfig, gen: torch.Generator, branch: torch.Tensor | None = None) -> Proposal:
         if q == 1:
             return Proposal(last)
         _, logits = self._draft_logits(last, features, q)
@@ -126,27 +154,5 @@ class TreeStrategy(ChainStrategy):
             dev = last.device
             tree = DraftTree(tree.tokens.to(dev), tree.parents.to(dev), tree.depths.to(dev),
                              tree.ancestors.to(dev), tree.max_depth)
-        return Proposal(tree.tokens, tree=tree)
-
-    def verify(self, target: TargetAdapter, proposal: Proposal, tap: tuple[int, ...] | None,
-               sequential: bool) -> TargetOutput:
-        tree = proposal.tree
-        if tree is None:
-            return super().verify(target, proposal, tap, sequential)
-        return target.verify_tree(tree.tokens, tree.depths, tree.ancestors, tap)
-
-    def accept(self, proposal: Proposal, logits: torch.Tensor, sampling: SamplingConfig,
-               gen: torch.Generator) -> Acceptance:
-        tree = proposal.tree
-        if tree is None:
-            return super().accept(proposal, logits, sampling, gen)
-        # the target's token at every node: its argmax, or one draw from its processed distribution
-        choice = logits.argmax(dim=-1) if sampling.greedy else sample_from(sampling_probs(logits, sampling), gen)
-        return tree_accept(tree, choice)
-
-    def commit(self, target: TargetAdapter, snap: CacheSnapshot, path: list[int] | None,
-               produced: int) -> None:
-        if path is None:
-            target.rollback(snap, produced)
-        else:
-            target.compact(snap, path[:produced])
+        proposal = Proposal(tree.tokens, tree=tree)
+        return proposal if branch is None else with_branch(proposal, branch)

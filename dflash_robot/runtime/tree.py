@@ -19,6 +19,8 @@ Layout of a tree of M = budget + 1 nodes (node 0 is the root, the last committed
   depths [M]       0 for the root, 1..D
   ancestors [M, M] ancestors[j, i]: node i is node j or one of its ancestors; this is the
                    attention mask among the tree's nodes at verification
+  live [M]         optional: False for a node that can never be accepted (a lookup branch's
+                   nodes that repeat a path already in the tree, `attach_chain`)
 
 Acceptance walks the target's own token down the children: at node j the target chose
 `choice[j]` (its argmax, or a draw from its processed distribution); child c of j is
@@ -43,6 +45,7 @@ class DraftTree:
     depths: torch.Tensor  # [M] int64
     ancestors: torch.Tensor  # [M, M] bool
     max_depth: int  # D: the deepest possible node (block size - 1)
+    live: torch.Tensor | None = None  # [M] bool, or None: every node may be accepted
 
     @property
     def size(self) -> int:
@@ -105,6 +108,8 @@ def tree_accept(tree: DraftTree, choice: torch.Tensor) -> TreeAcceptance:
     tokens[:a] the accepted drafts and tokens[a] the bonus (the target's choice at the last
     accepted node); entries past a are padding."""
     ok = tree.tokens == choice[tree.parents]  # [M]: the target would have picked this node
+    if tree.live is not None:
+        ok &= tree.live
     ok[0] = True
     on_path = ~(tree.ancestors & ~ok[None, :]).any(dim=-1)  # every ancestor-or-self is ok
     node = torch.arange(tree.size, device=choice.device)
@@ -113,3 +118,75 @@ def tree_accept(tree: DraftTree, choice: torch.Tensor) -> TreeAcceptance:
     a = torch.where(on_path, tree.depths, 0).max()
     return TreeAcceptance(num_accepted=a, tokens=choice[path], path=path)
 
+
+
+def chain_tree(block: torch.Tensor) -> DraftTree:
+    """block [q] = [last, d_1..d_{q-1}] -> the same chain as a tree (node k at depth k)."""
+    q = block.shape[0]
+    node = torch.arange(q, device=block.device)
+    return DraftTree(tokens=block.to(torch.long), parents=(node - 1).clamp(min=0), depths=node,
+                     ancestors=torch.ones(q, q, dtype=torch.bool, device=block.device).tril(),
+                     max_depth=q - 1)
+
+
+def attach_chain(tree: DraftTree, chain: torch.Tensor, drop_dead: bool = False) -> DraftTree:
+    """Add one more branch, `chain` [L] (tokens for depths 1..L; L may exceed the tree's depth),
+    to `tree`.
+
+    The branch is merged into the tree as into a trie: its first c tokens follow the deepest
+    live path of the tree that spells them (c may be 0: the root), and only tokens c..L-1 become
+    new live nodes, hung below that path's end. By default the L new rows are all appended
+    (shapes depend on L alone, so no value leaves the device) and the first c of them are dead
+    (`live` False, attending to themselves only). `drop_dead` reads c back and appends only the
+    live rows: one host read, for a CPU target, where a row costs more than a read. A new node's
+    token differs from every sibling's (else the path would have been one longer), so siblings
+    stay distinct and `tree_accept` stays lossless."""
+    if drop_dead:
+        c = int(_spelled_prefix(tree, chain)[1])
+        if c >= chain.shape[0]:
+            return tree
+        return _attach(tree, chain, c)
+    return _attach(tree, chain, None)
+
+
+def _spelled_prefix(tree: DraftTree, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (the deepest live node whose path spells chain's first tokens, its depth c)."""
+    n = int(chain.shape[0])
+    device = tree.tokens.device
+    live = tree.live if tree.live is not None else torch.ones(tree.size, dtype=torch.bool, device=device)
+    want = torch.full((max(tree.max_depth, n) + 1,), -1, dtype=torch.long, device=device)
+    want[1:n + 1] = chain.to(device=device, dtype=torch.long)  # want[d]: the branch's token at depth d
+    match = tree.depths == 0  # the root; then nodes whose whole path spells the branch's prefix
+    spelled = (tree.tokens == want[tree.depths]) & live
+    for _ in range(tree.max_depth):
+        match = (tree.depths == 0) | (spelled & match[tree.parents])
+    attach = torch.where(match, tree.depths, -1).argmax()
+    return attach, tree.depths[attach]
+
+
+def _attach(tree: DraftTree, chain: torch.Tensor, skip: int | None) -> DraftTree:
+    """`attach_chain`'s rows: all L (skip None; the spelled prefix dead) or chain[skip:] only."""
+    m = tree.size
+    device = tree.tokens.device
+    chain = chain.to(device=device, dtype=torch.long)
+    live = tree.live if tree.live is not None else torch.ones(m, dtype=torch.bool, device=device)
+    attach, c = _spelled_prefix(tree, chain)
+    depth_max = max(tree.max_depth, int(chain.shape[0]))
+    if skip is not None:  # only the live rows: depths skip+1 .. L
+        chain = chain[skip:]
+    n = int(chain.shape[0])
+    assert n >= 1
+    i = torch.arange(n, device=device) + (skip or 0)  # each new row's index in the whole branch
+    j = torch.arange(n, device=device)  # its row among the new ones
+    new_live = i >= c
+    new_parents = torch.where(i == c, attach, m + j - 1).clamp(min=0)
+    new_parents = torch.where(new_live, new_parents, torch.zeros_like(new_parents))
+    # rows of the new nodes: the attach node's ancestors, then the live new nodes up to itself
+    old_part = tree.ancestors[attach][None, :].expand(n, m) & new_live[:, None]
+    new_part = (new_live[None, :] & (j[None, :] <= j[:, None]) & new_live[:, None]) | torch.eye(
+        n, dtype=torch.bool, device=device)
+    top = torch.cat([tree.ancestors, tree.ancestors.new_zeros(m, n)], dim=1)
+    ancestors = torch.cat([top, torch.cat([old_part, new_part], dim=1)], dim=0)
+    return DraftTree(tokens=torch.cat([tree.tokens, chain]), parents=torch.cat([tree.parents, new_parents]),
+                     depths=torch.cat([tree.depths, i + 1]), ancestors=ancestors, max_depth=depth_max,
+                     live=torch.cat([live, new_live]))
