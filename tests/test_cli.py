@@ -39,6 +39,7 @@ def test_generate_streams_ids_without_tokenizer(model_dirs, capsys):
 @pytest.mark.parametrize("extra,match", [
     (["--top-p", "0"], "top_p"), (["--temperature", "-1"], "temperature"),
     (["--block-size", "99"], "block size"),
+    (["--lookup", "3", "--verify-mode", "sequential"], "lookup"),
 ])
 def test_generate_bad_arguments(model_dirs, capsys, extra, match):
     target, draft = model_dirs
@@ -176,3 +177,21 @@ def test_version_is_the_installed_distributions(capsys):
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"dflash-robot {dflash_robot.__version__}"
     assert version("dflash-robot") == dflash_robot.__version__
+
+
+@pytest.mark.parametrize("lookup", [[], ["--lookup", "0"], ["--lookup", "5", "--lookup-ngram", "1:2"]])
+def test_generate_with_and_without_the_lookup_is_the_targets_greedy(model_dirs, capsys, lookup):
+    target, draft = model_dirs
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "--input-ids",
+                 ",".join(map(str, prompt)), "--max-new-tokens", "20", "--block-size", "4", "--json", *lookup]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == plain_greedy_cached("llama", tuple(prompt), 40)[:20]
+
+
+@pytest.mark.parametrize("bad", ["0:2", "3:2", "a", "1:2:3"])
+def test_bad_lookup_ngram_is_a_usage_error(model_dirs, capsys, bad):
+    target, draft = model_dirs
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--target", str(target), "--draft", str(draft), "--input-ids", "1", "--lookup-ngram", bad])
+    assert e.value.code == 2 and "MIN:MAX" in capsys.readouterr().err

@@ -278,3 +278,26 @@ def test_every_small_lookup_setting_is_lossless():
         cfg = GenerationConfig(max_new_tokens=N, block_size=q, lookup_tokens=lookup, lookup_min_ngram=lo,
                                lookup_max_ngram=hi)
         assert rt.orchestrator.generate(prompt, cfg).token_ids == ref, (lookup, lo, hi, q)
+
+
+def test_dead_rows_decode_like_dropped_ones(monkeypatch):
+    """The device path (all branch rows appended, the shared ones dead) decodes exactly as the
+    CPU path that drops them: the same tokens and the same acceptance per step."""
+    rt = runtime("llama", "lean")
+    prompt = random_prompt(12, 3)
+    prompt = prompt + plain_greedy_cached("llama", tuple(prompt), N)[:20] + prompt
+    cfg = GenerationConfig(max_new_tokens=N, block_size=4, lookup_tokens=8, lookup_min_ngram=1)
+    dropped = rt.orchestrator.generate(prompt, cfg)
+    attach = strategy_mod.attach_chain
+    dead = []
+
+    def keep_dead(tree, chain, drop_dead=False):
+        out = attach(tree, chain, drop_dead=False)
+        dead.append(int((~out.live).sum()))
+        return out
+
+    monkeypatch.setattr(strategy_mod, "attach_chain", keep_dead)
+    kept = rt.orchestrator.generate(prompt, cfg)
+    assert kept.token_ids == dropped.token_ids == plain_greedy_cached("llama", tuple(prompt), N)
+    assert kept.acceptance_lengths == dropped.acceptance_lengths
+    assert sum(dead) > 0  # some steps really carried dead rows
