@@ -24,7 +24,8 @@ proposes each request's prompt tokens: "in_reach" is the share in the vocabulary
 
 `--lookup 0,7` runs every (draft, block size) once per n-gram lookup setting (0: the draft alone;
 N: with the lookup branch of `runtime/lookup.py`, up to N tokens, n-grams of `--lookup-ngram MIN:MAX`);
-a run with lookup is named `draft+lookupN`; its paired delta is against the first draft without it.
+a run with lookup is named `draft+lookupN`; its paired delta is against the first draft without it
+(when 0 is among the settings).
 
 How sure a τ is: "tau_se" is its bootstrap standard error over prompts (`bench.runner.tau_interval`),
 and every draft after the first gets "delta_vs_<first>": its τ minus the first draft's on the same
@@ -41,6 +42,7 @@ import torch
 
 from dflash_robot.bench.datasets import formatted_prompts
 from dflash_robot.bench.runner import tau_interval
+from dflash_robot.cli.common import ngram_range
 from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.drafts.validation import check_compatible
 from dflash_robot.errors import ConfigError
@@ -71,10 +73,13 @@ def main() -> None:
     seeds = list(range(args.seeds)) if args.temperature > 0 else [None]
     names = args.drafts.split(",")
     block_sizes = [int(x) for x in args.block_sizes.split(",")]
-    lookups = [int(x) for x in args.lookup.split(",")]
-    if any(x < 0 for x in lookups):
-        ap.error("--lookup settings must be >= 0")
-    lo_n, hi_n = (int(x) for x in args.lookup_ngram.split(":"))
+    try:
+        lookups = list(dict.fromkeys(int(x) for x in args.lookup.split(",")))  # each setting once
+        lo_n, hi_n = ngram_range(args.lookup_ngram)
+        for lk in lookups:  # every setting is checked before anything loads
+            GenerationConfig(lookup_tokens=lk, lookup_min_ngram=lo_n, lookup_max_ngram=hi_n)
+    except (ValueError, ConfigError, argparse.ArgumentTypeError) as e:
+        ap.error(f"--lookup / --lookup-ngram: {e}")
     paths = {n: n.split("@")[0] for n in names}
     drafts = {n: None if p == "shipped" else load_draft(p, dtype=torch.float32) for n, p in paths.items()}  # fail early
     try:  # an unknown or uninstalled set fails here, before the target loads
@@ -147,7 +152,7 @@ def main() -> None:
             if q > 1 and a:
                 se = tau_interval(per_prompt[n, q])["se"]
                 rows[-1]["tau_se"] = None if se is None else round(se, 3)
-                if n != names[0] and any(per_prompt[names[0], q]):
+                if n != names[0] and (names[0], q) in per_prompt and any(per_prompt[names[0], q]):
                     d = tau_interval(per_prompt[n, q], per_prompt[names[0], q])
                     rows[-1][f"delta_vs_{names[0]}"] = {key: None if v is None else round(v, 3)
                                                         for key, v in d.items()}

@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--draft", default=None)
     ap.add_argument("--lookup", type=int, default=0, help="also time an n-gram lookup branch of N tokens")
     args = ap.parse_args()
+    if args.lookup < 0 or (args.lookup and args.context < 104 + args.lookup):
+        ap.error("--lookup N needs N >= 0 and --context >= 104 + N (its history repeats tokens 100..103)")
     torch.set_num_threads(args.threads)
     rt = DFlashRuntime.load(draft=args.draft)
     tgt, drafter = rt.target, rt.orchestrator.drafter

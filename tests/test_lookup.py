@@ -68,6 +68,7 @@ def test_token_history_appends_in_place():
 
 
 @pytest.mark.parametrize("kw", [dict(lookup_tokens=-1), dict(lookup_tokens=1.5), dict(lookup_tokens=True),
+                                dict(lookup_tokens=65),
                                 dict(lookup_tokens=4, lookup_min_ngram=0),
                                 dict(lookup_tokens=4, lookup_min_ngram=3, lookup_max_ngram=2),
                                 dict(lookup_tokens=4, verify_mode="sequential")])
@@ -268,6 +269,9 @@ def test_runtime_config_turns_the_lookup_on_where_trees_verify():
     cfg = rt.config()
     assert (cfg.lookup_tokens, cfg.lookup_min_ngram, cfg.lookup_max_ngram) == (5, 2, 2)
     assert DFlashRuntime.from_models(taught_target("llama"), None).config().lookup_tokens == 0
+    for bad in [(5,), (), (3, 2)]:
+        with pytest.raises(ConfigError):
+            rt.config(lookup_ngram=bad)
 
 
 def test_every_small_lookup_setting_is_lossless():
@@ -301,3 +305,26 @@ def test_dead_rows_decode_like_dropped_ones(monkeypatch):
     assert kept.token_ids == dropped.token_ids == plain_greedy_cached("llama", tuple(prompt), N)
     assert kept.acceptance_lengths == dropped.acceptance_lengths
     assert sum(dead) > 0  # some steps really carried dead rows
+
+
+def test_a_layer_layout_trees_cannot_mask_is_refused_when_the_adapter_is_built():
+    """Mixed sliding/full layers that `layer_types` does not name (or types whose windows differ)
+    are found from the config at construction, so a default lookup never meets them mid-generation."""
+    from types import SimpleNamespace
+
+    from dflash_robot.targets.hf import HFTargetAdapter
+
+    def problem(types, kinds):
+        return HFTargetAdapter._layer_kinds_problem(SimpleNamespace(config=SimpleNamespace(layer_types=types)), kinds)
+
+    assert problem(None, [None, None]) is None and problem(None, [8, 8]) is None
+    assert "layer_types" in problem(None, [8, None])
+    assert "differ" in problem(["sliding_attention", "sliding_attention", "full_attention"], [8, 4, None])
+    assert problem(["sliding_attention", "full_attention"], [8, None]) is None
+    assert make_target_adapter_for("gemma3").tree_unsupported is None
+
+
+def make_target_adapter_for(family):
+    from dflash_robot.targets.factory import make_target_adapter
+
+    return make_target_adapter(taught_target(family), engine="hf")

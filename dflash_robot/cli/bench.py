@@ -74,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tree-budgets must be integers >= 1, got {args.tree_budgets}")
     if args.tree_block_size is not None and not args.tree_budgets:
         raise ConfigError("--tree-block-size needs --tree-budgets")
-    if any(n < 1 for n in args.lookup):
-        raise ConfigError(f"--lookup must be integers >= 1, got {args.lookup}")
+    from dflash_robot.runtime.config import MAX_LOOKUP_TOKENS
+
+    if any(not 1 <= n <= MAX_LOOKUP_TOKENS for n in args.lookup):
+        raise ConfigError(f"--lookup must be integers in 1..{MAX_LOOKUP_TOKENS}, got {args.lookup}")
     if args.hf_generate and args.engine == "executorch":
         raise ConfigError("--hf-generate runs transformers' generate on the target model, which an ExecuTorch "
                           "export does not hold; bench the export without it, or the eager target with it")

@@ -130,14 +130,15 @@ def load_runtime(args: argparse.Namespace, no_draft: bool = False, target: Any =
     rt = DFlashRuntime.load(target or args.target, args.draft, gguf_file=args.gguf_file, dtype=args.dtype,
                             device=args.device, no_draft=no_draft, rollback=args.rollback,
                             fast_linears=not args.no_fast_linears, **extra)
-    if getattr(args, "lookup", None):  # an explicit N needs a target that verifies trees: refused now
+    lookup = getattr(args, "lookup", None)  # generate/serve: one N (bench's list checks itself)
+    if isinstance(lookup, int) and lookup:  # an explicit N needs a target that verifies trees: refused now
         reason = getattr(rt.target, "tree_unsupported", "this target adapter has no tree verification")
         if reason is not None and rt.draft is not None:
             from dflash_robot.errors import UnsupportedModelError
 
-            raise UnsupportedModelError(f"--lookup {args.lookup} (its branch is verified as a tree): {reason}")
-    if getattr(args, "lookup", None) is not None:
-        rt.lookup_tokens = args.lookup
+            raise UnsupportedModelError(f"--lookup {lookup} (its branch is verified as a tree): {reason}")
+    if isinstance(lookup, int):
+        rt.lookup_tokens = lookup
     if getattr(args, "lookup_ngram", None) is not None:
         rt.lookup_ngram = args.lookup_ngram
     return rt

@@ -248,7 +248,9 @@ class DFlashRuntime:
         greedy decoding where this target verifies trees in a batched forward, else none: sampled, a
         branch raised acceptance but cost more than it gained on the CPU box); `lookup_ngram` is
         the (min, max) n-gram size it matches (None: `self.lookup_ngram`)."""
-        lookup_ngram = lookup_ngram or self.lookup_ngram
+        ngram: tuple[int, ...] = self.lookup_ngram if lookup_ngram is None else tuple(lookup_ngram)
+        if len(ngram) != 2:
+            raise ConfigError(f"lookup_ngram must be a (min, max) pair of n-gram sizes, got {ngram!r}")
         if lookup_tokens is None:
             lookup_tokens = self.lookup_tokens
         if lookup_tokens is None:
@@ -259,8 +261,8 @@ class DFlashRuntime:
                                 sampling=SamplingConfig(temperature, top_p, top_k),
                                 stop_token_ids=self.stop_token_ids(stop_token_ids), seed=seed,
                                 verify_mode=verify_mode, tree_budget=tree_budget, tree_topk=tree_topk,
-                                lookup_tokens=lookup_tokens, lookup_min_ngram=lookup_ngram[0],
-                                lookup_max_ngram=lookup_ngram[1])
+                                lookup_tokens=lookup_tokens, lookup_min_ngram=ngram[0],
+                                lookup_max_ngram=ngram[1])
 
     def events(self, prompt: Prompt, cfg: GenerationConfig, policy: BlockSizePolicy | None = None,
                chat: bool = True) -> Generator[StepEvent, None, None]:

@@ -30,6 +30,9 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+MAX_LOOKUP_TOKENS = 64  # a lookup branch's tokens are verify rows (an L x L mask): bounded
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Per-request settings for one generation."""
@@ -61,8 +64,10 @@ class GenerationConfig:
             raise ConfigError(f"tree_budget must be an integer >= 0 (0 = chain), got {self.tree_budget!r}")
         if self.tree_topk is not None and (not isinstance(self.tree_topk, int) or self.tree_topk < 1):
             raise ConfigError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
-        if not isinstance(self.lookup_tokens, int) or isinstance(self.lookup_tokens, bool) or self.lookup_tokens < 0:
-            raise ConfigError(f"lookup_tokens must be an integer >= 0 (0 = no lookup), got {self.lookup_tokens!r}")
+        if not isinstance(self.lookup_tokens, int) or isinstance(self.lookup_tokens, bool) or \
+                not 0 <= self.lookup_tokens <= MAX_LOOKUP_TOKENS:
+            raise ConfigError(f"lookup_tokens must be an integer in 0..{MAX_LOOKUP_TOKENS} (0 = no lookup; each "
+                              f"token is a verify row), got {self.lookup_tokens!r}")
         for name in ("lookup_min_ngram", "lookup_max_ngram"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:

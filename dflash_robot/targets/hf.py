@@ -40,6 +40,11 @@ class HFTargetAdapter(ChunkedForwardAdapter):
         if impl not in ("eager", "sdpa"):  # flex adds a boolean mask as 0/1, flash attention ignores 4D masks
             self.tree_unsupported = (f"attention implementation {impl!r} does not take the 4D ancestor mask "
                                      "a tree needs (use attn_implementation='sdpa' or 'eager')")
+        elif type(self).tree_unsupported is None:  # (a subclass may refuse trees altogether)
+            # a layer layout the per-type masks cannot express: known now, not at the first tree
+            problem = self._layer_kinds_problem(self._layer_kinds(DynamicCache(config=model.config)))
+            if problem is not None:
+                self.tree_unsupported = problem
 
     @property
     def seq_len(self) -> int:
@@ -81,8 +86,7 @@ class HFTargetAdapter(ChunkedForwardAdapter):
         cache itself (a model may slide every layer without naming `layer_types`)."""
         assert self._cache is not None
         s, t = self._len, positions.shape[0]
-        kinds = [getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
-                 for layer in self._cache.layers]  # None = full attention, else the window
+        kinds = self._layer_kinds(self._cache)
         masks: dict[int | None, torch.Tensor] = {}
         for w in dict.fromkeys(kinds):
             if w is None:
@@ -99,15 +103,30 @@ class HFTargetAdapter(ChunkedForwardAdapter):
         if len(masks) == 1:
             return next(iter(masks.values()))
         # mixed layers: one mask per layer type, the mapping Gemma 3 style models accept
+        problem = self._layer_kinds_problem(kinds)
+        if problem is not None:
+            raise UnsupportedModelError(f"tree verification: {problem}")
+        types = list(getattr(self.config, "layer_types", None) or [])
+        return {kind: masks[w] for kind, w in zip(types, kinds, strict=True)}
+
+    @staticmethod
+    def _layer_kinds(cache: DynamicCache) -> list[int | None]:
+        """Each cache layer's attention: None = full, else its sliding window."""
+        return [getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+                for layer in cache.layers]
+
+    def _layer_kinds_problem(self, kinds: list[int | None]) -> str | None:
+        """Why one 4D mask per layer type cannot serve these layers, or None."""
+        if len(set(kinds)) <= 1:
+            return None
         types = list(getattr(self.config, "layer_types", None) or [])
         if len(types) != len(kinds):
-            raise UnsupportedModelError("tree verification: this model mixes sliding and full layers without "
-                                        "naming them in config.layer_types")
-        by_type: dict[str, torch.Tensor] = {}
+            return "this model mixes sliding and full layers without naming them in config.layer_types"
+        seen: dict[str, int | None] = {}
         for kind, w in zip(types, kinds, strict=True):
-            if by_type.setdefault(kind, masks[w]) is not masks[w]:
-                raise UnsupportedModelError(f"tree verification: layers of type {kind!r} differ in their window")
-        return by_type
+            if seen.setdefault(kind, w) != w:
+                return f"layers of type {kind!r} differ in their window"
+        return None
 
     def _move_slots(self, base: int, kept_nodes: list[int]) -> None:
         """The tree's nodes are the last (length - base) entries of every layer (sliding
