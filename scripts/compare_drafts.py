@@ -47,7 +47,7 @@ from dflash_robot.drafts.checkpoint import load_draft
 from dflash_robot.drafts.validation import check_compatible
 from dflash_robot.errors import ConfigError
 from dflash_robot.runtime.api import DFlashRuntime, draft_precision
-from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.runtime.config import DEFAULT_LOOKUP_NGRAM, GenerationConfig, SamplingConfig
 from dflash_robot.runtime.orchestrator import RuntimeOrchestrator
 from dflash_robot.runtime.proposer import DFlashProposer
 
@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the floor's setting)")
     ap.add_argument("--seeds", type=int, default=1, help="sampled runs per prompt (seeds 0..N-1)")
     ap.add_argument("--lookup", default="0", help="lookup branch lengths to run (0: none), e.g. 0,7")
-    ap.add_argument("--lookup-ngram", default="3:4", help="MIN:MAX n-gram sizes the lookup matches")
+    ap.add_argument("--lookup-ngram", default=":".join(map(str, DEFAULT_LOOKUP_NGRAM)),
+                    help="MIN:MAX n-gram sizes the lookup matches (default: the runtime's)")
     args = ap.parse_args()
     for flag in ("limit", "repeats", "seeds", "max_new_tokens"):
         if getattr(args, flag) < 1:

@@ -86,8 +86,8 @@ def add_decoding_args(d: argparse._ArgumentGroup, per_request: bool = False) -> 
                    help="an n-gram lookup branch of up to N tokens beside the draft's, verified with it as a tree "
                         "(0 = off; default: 7 for greedy decoding where the target verifies trees, else off): the "
                         "continuation of the last earlier occurrence of the last --lookup-ngram tokens")
-    d.add_argument("--lookup-ngram", type=ngram_range, default=(3, 4), metavar="MIN:MAX",
-                   help="the n-gram sizes the lookup matches, longest first")
+    d.add_argument("--lookup-ngram", type=ngram_range, default=None, metavar="MIN:MAX",
+                   help="the n-gram sizes the lookup matches, longest first (default: 3:4)")
     d.add_argument("--rollback", choices=["replay", "capture"], default=None,
                    help="rollback of hybrid (linear-attention/SSM) targets (default: capture where the model's "
                         "kernel allows it)")

@@ -26,7 +26,7 @@ from dflash_robot.drafts.checkpoint import SHIPPED_DRAFT, load_draft
 from dflash_robot.drafts.model import DFlashDraft
 from dflash_robot.drafts.validation import check_compatible
 from dflash_robot.errors import ConfigError, DFlashError, UnsupportedModelError
-from dflash_robot.runtime.config import GenerationConfig, SamplingConfig
+from dflash_robot.runtime.config import DEFAULT_LOOKUP_NGRAM, GenerationConfig, SamplingConfig
 from dflash_robot.runtime.orchestrator import GenerationResult, RuntimeOrchestrator, StepEvent
 from dflash_robot.runtime.policy import AdaptiveBlockSize, BlockSizePolicy
 from dflash_robot.runtime.proposer import DFlashProposer
@@ -78,7 +78,7 @@ class DFlashRuntime:
     _costs: dict[int, float] | None = field(default=None, repr=False)
     # `config`'s lookup branch when a call names none: None = DEFAULT_LOOKUP_TOKENS where it can run
     lookup_tokens: int | None = None
-    lookup_ngram: tuple[int, int] = (3, 4)  # ... and the (min, max) n-gram sizes it matches
+    lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM  # ... and the (min, max) n-gram sizes it matches
 
     @classmethod
     def from_models(cls, target_model: Any, draft: DFlashDraft | None, tokenizer: Any = None,

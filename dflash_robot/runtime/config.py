@@ -31,6 +31,7 @@ class SamplingConfig:
 
 
 MAX_LOOKUP_TOKENS = 64  # a lookup branch's tokens are verify rows (an L x L mask): bounded
+DEFAULT_LOOKUP_NGRAM = (3, 4)  # (min, max) n-gram sizes a lookup matches, longest first
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ class GenerationConfig:
     # n-gram lookup (`runtime/lookup.py`): a branch of up to `lookup_tokens` tokens (0: none) beside
     # the draft's, from the last match of the last n committed tokens, n from max down to min
     lookup_tokens: int = 0
-    lookup_min_ngram: int = 3
-    lookup_max_ngram: int = 4
+    lookup_min_ngram: int = DEFAULT_LOOKUP_NGRAM[0]
+    lookup_max_ngram: int = DEFAULT_LOOKUP_NGRAM[1]
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:

@@ -27,7 +27,7 @@ class NgramLookup:
     """Proposals from the most recent earlier occurrence of the history's last n tokens, for n
     from `max_ngram` down to `min_ngram` (the longest match wins)."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int, min_ngram: int):
         if not isinstance(max_ngram, int) or not isinstance(min_ngram, int) or not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"n-gram lookup sizes must be integers with 1 <= min <= max, got "
                               f"min {min_ngram!r}, max {max_ngram!r}")

@@ -15,7 +15,7 @@ One iteration, with q the block size and `last` the last committed token:
 A `TreeStrategy` (`strategy.py`, DDTree) replaces steps 1-3 and 5 with a draft tree verified under
 an ancestor mask, acceptance along the target's own choices, and a compaction of the accepted
 path's cache entries; the transfer in step 4 then also carries the path.
-With `lookup_ngram`, step 1 also looks the last committed n-gram up in the request's own tokens
+With `lookup_tokens`, step 1 also looks the last committed n-gram up in the request's own tokens
 (on the host, where step 4 brought them; `lookup.py`) and adds what followed it as one more tree
 branch, so that iteration verifies and commits as a tree.
 """

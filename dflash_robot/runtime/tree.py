@@ -119,7 +119,6 @@ def tree_accept(tree: DraftTree, choice: torch.Tensor) -> TreeAcceptance:
     return TreeAcceptance(num_accepted=a, tokens=choice[path], path=path)
 
 
-
 def chain_tree(block: torch.Tensor) -> DraftTree:
     """block [q] = [last, d_1..d_{q-1}] -> the same chain as a tree (node k at depth k)."""
     q = block.shape[0]
@@ -141,12 +140,12 @@ def attach_chain(tree: DraftTree, chain: torch.Tensor, drop_dead: bool = False) 
     live rows: one host read, for a CPU target, where a row costs more than a read. A new node's
     token differs from every sibling's (else the path would have been one longer), so siblings
     stay distinct and `tree_accept` stays lossless."""
-    if drop_dead:
-        c = int(_spelled_prefix(tree, chain)[1])
-        if c >= chain.shape[0]:
-            return tree
-        return _attach(tree, chain, c)
-    return _attach(tree, chain, None)
+    chain = chain.to(device=tree.tokens.device, dtype=torch.long)
+    attach, c = _spelled_prefix(tree, chain)
+    if not drop_dead:
+        return _attach(tree, chain, attach, c, None)
+    skip = int(c)
+    return tree if skip >= chain.shape[0] else _attach(tree, chain, attach, c, skip)
 
 
 def _spelled_prefix(tree: DraftTree, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +154,7 @@ def _spelled_prefix(tree: DraftTree, chain: torch.Tensor) -> tuple[torch.Tensor,
     device = tree.tokens.device
     live = tree.live if tree.live is not None else torch.ones(tree.size, dtype=torch.bool, device=device)
     want = torch.full((max(tree.max_depth, n) + 1,), -1, dtype=torch.long, device=device)
-    want[1:n + 1] = chain.to(device=device, dtype=torch.long)  # want[d]: the branch's token at depth d
+    want[1:n + 1] = chain  # want[d]: the branch's token at depth d
     match = tree.depths == 0  # the root; then nodes whose whole path spells the branch's prefix
     spelled = (tree.tokens == want[tree.depths]) & live
     for _ in range(tree.max_depth):
@@ -164,13 +163,13 @@ def _spelled_prefix(tree: DraftTree, chain: torch.Tensor) -> tuple[torch.Tensor,
     return attach, tree.depths[attach]
 
 
-def _attach(tree: DraftTree, chain: torch.Tensor, skip: int | None) -> DraftTree:
-    """`attach_chain`'s rows: all L (skip None; the spelled prefix dead) or chain[skip:] only."""
+def _attach(tree: DraftTree, chain: torch.Tensor, attach: torch.Tensor, c: torch.Tensor,
+            skip: int | None) -> DraftTree:
+    """`attach_chain`'s rows below node `attach` (depth c): all L (skip None; the spelled prefix
+    dead) or chain[skip:] only."""
     m = tree.size
     device = tree.tokens.device
-    chain = chain.to(device=device, dtype=torch.long)
     live = tree.live if tree.live is not None else torch.ones(m, dtype=torch.bool, device=device)
-    attach, c = _spelled_prefix(tree, chain)
     depth_max = max(tree.max_depth, int(chain.shape[0]))
     if skip is not None:  # only the live rows: depths skip+1 .. L
         chain = chain[skip:]
