@@ -305,6 +305,8 @@ def test_prompt_vocab_is_set_inherited_and_refused_without_a_vocabulary(tmp_path
     (dict(anchors="onpolicy"), "--anchors must be uniform or on-policy, got 'onpolicy'"),
     (dict(train_shards="214-"), "--train-shards '214-': '214-' is not a shard number"),
     (dict(distill=1.5), "--distill must be from 0 (hard labels) to 1 (the target's distribution), got 1.5"),
+    (dict(copy_weight=0.0), "--copy-weight must be a positive number, got 0.0"),
+    (dict(copy_weight=float("nan")), "--copy-weight must be a positive number, got nan"),
 ])
 def test_train_arguments_are_checked_before_any_slow_work(gen_dir, tmp_path, change, msg):
     run = TrainRun(out=str(tmp_path / "run"), data=str(gen_dir), target="/nonexistent-target", **change)

@@ -68,6 +68,34 @@ def test_block_inputs_labels_and_weights():
     assert weights[7] == 0  # past the end of the sequence
 
 
+def _copy_positions_brute(ids: list[int]) -> list[bool]:
+    pairs = list(zip(ids, ids[1:], strict=False))  # pairs[p - 1] ends at p
+    return [False] + [pairs[p - 1] in pairs[:p - 1] for p in range(1, len(ids))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_copy_positions_match_a_brute_force_search(seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 3 + seed, (40,), generator=g)  # a small alphabet: many repeated bigrams
+    got = objective.copy_positions(ids)
+    assert got.tolist() == _copy_positions_brute(ids.tolist())
+    assert got.any() and not got.all()
+    assert objective.copy_positions(torch.tensor([5, 5])).tolist() == [False, False]
+
+
+def test_copy_weight_scales_only_the_copied_labels():
+    # "7 8 9 | 7 8 9": labels 8 and 9 of the second copy continue bigrams already in the context
+    ids = torch.tensor([1, 7, 8, 9, 2, 7, 8, 9, 3])
+    mask = torch.ones(9, dtype=torch.bool)
+    anchors = torch.tensor([4])
+    _, _, labels, plain = objective.block_inputs(ids, mask, anchors, 5, 99, 7.0)
+    _, _, labels2, scaled = objective.block_inputs(ids, mask, anchors, 5, 99, 7.0, copy_weight=3.0)
+    assert torch.equal(labels, labels2) and labels.tolist() == [2, 7, 8, 9, 3]
+    factor = (scaled / plain.clamp(min=1e-12)).tolist()
+    assert factor[1:] == pytest.approx([1.0, 3.0, 3.0, 1.0])  # 7 after 2: a new bigram; 3 after 9: new
+    assert scaled[0] == 0
+
+
 def _data(family="llama", n=24):
     seqs = []
     for i in range(n):

@@ -79,6 +79,10 @@ def add_parser(sub: Any) -> None:
                    help="weight of soft labels: the target's own next-token distribution (over the draft "
                         "vocabulary), mixed with the hard label as (1-w)*CE(label) + w*CE(target); 0 = hard labels "
                         "only. Computed from the deepest tap through the target's remaining layers")
+    t.add_argument("--copy-weight", type=float, default=1.0,
+                   help="multiply the loss weight of labels that continue a bigram already in their context (the "
+                        "tokens an n-gram lookup would propose, where the draft misses most) by this; 1 = the "
+                        "paper's objective")
     t.add_argument("--max-len", type=int_at_least(2), default=512)
     t.add_argument("--no-bf16-autocast", dest="bf16_autocast", action="store_false",
                    help="train in fp32 (fp32 steps measured ~15%% slower than bf16 autocast on the Xeon box, "

@@ -6,7 +6,8 @@ For one sequence of S tokens with target features F [S, n*H]:
 - block j sees the context features of positions strictly before a_j, and itself
   bidirectionally; it never sees another block;
 - token i >= 1 of block j predicts x_{a_j+i}, with weight exp(-(i-1)/gamma), zero past
-  the sequence end or on non-response tokens.
+  the sequence end or on non-response tokens (optionally scaled up where the label copies the
+  context: `copy_positions`, our addition, not the paper's).
 All blocks of a sequence are trained in parallel in one forward.
 """
 
@@ -51,6 +52,24 @@ def successor_anchors(anchors: torch.Tensor, runs: torch.Tensor, loss_mask: torc
     return torch.unique(s[loss_mask[s + 1]])
 
 
+def copy_positions(input_ids: torch.Tensor) -> torch.Tensor:
+    """input_ids [S] -> bool [S]: True at p where the bigram (x_{p-1}, x_p) already occurred earlier
+    in the sequence, ending at some j < p. These are the tokens an n-gram lookup of the context would
+    propose: where the shipped draft misses most (docs/TRAINING.md, "Session 47"). Position 0 is
+    never one."""
+    s = input_ids.shape[0]
+    out = torch.zeros(s, dtype=torch.bool, device=input_ids.device)
+    if s < 3:
+        return out
+    pairs = torch.stack([input_ids[:-1], input_ids[1:]], dim=1)  # row p - 1 is the bigram ending at p
+    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    ends = torch.arange(1, s, device=input_ids.device)
+    first = torch.full((int(inverse.max()) + 1,), s, dtype=torch.long, device=input_ids.device)
+    first = first.scatter_reduce(0, inverse, ends, reduce="amin")
+    out[1:] = first[inverse] < ends
+    return out
+
+
 def block_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
     """anchors [N] -> bool mask [N*q, S + N*q], True = query may attend to key.
 
@@ -65,9 +84,10 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Te
 
 
 def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
-                 block_size: int, mask_token_id: int, gamma: float
+                 block_size: int, mask_token_id: int, gamma: float, copy_weight: float = 1.0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> block_ids [N*q], positions [N*q], labels [N*q], weights [N*q]."""
+    """-> block_ids [N*q], positions [N*q], labels [N*q], weights [N*q]. With `copy_weight` != 1 a
+    label that continues a bigram of its context (`copy_positions`) has its weight multiplied by it."""
     q, s = block_size, input_ids.shape[0]
     offs = torch.arange(q, device=input_ids.device)
     pos = (anchors[:, None] + offs[None, :]).reshape(-1)  # [N*q]
@@ -78,6 +98,8 @@ def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     block_ids[offs.repeat(anchors.shape[0]) == 0] = input_ids[anchors]
     w = loss_weights(q, gamma).to(input_ids.device).repeat(anchors.shape[0])
     weights = w * inside * loss_mask[safe]
+    if copy_weight != 1.0:
+        weights = weights * torch.where(copy_positions(input_ids)[safe], copy_weight, 1.0)
     return block_ids, pos, labels, weights
 
 

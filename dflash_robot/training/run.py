@@ -73,6 +73,7 @@ class TrainRun:
     blocks_per_seq: int = 32
     anchors: str = "uniform"  # or "on-policy" (DraftTrainer.blocks)
     distill: float = 0.0  # weight of the target's soft labels (trainer.TargetTail); 0: hard labels only
+    copy_weight: float = 1.0  # loss weight of labels that continue a bigram of their context
     max_len: int = 512
     bf16_autocast: bool = True
     cache_features: bool = False
@@ -366,7 +367,8 @@ def train(run: TrainRun) -> Path:
         store = FeatureStore(data_dir, draft.metadata.target_layer_ids, model.config.hidden_size)
     cfg = OptimConfig(lr=run.lr, warmup_steps=run.warmup_steps, total_steps=run.steps,
                       blocks_per_seq=run.blocks_per_seq, seed=run.seed + rank, bf16_autocast=run.bf16_autocast,
-                      anchors=run.anchors, distill=run.distill)
+                      anchors=run.anchors, distill=run.distill,
+                      copy_weight=run.copy_weight)
     ddp = torch.nn.parallel.DistributedDataParallel(draft) if world > 1 else None
     trainer = DraftTrainer(model, draft, cfg, ddp, cache_features=run.cache_features, store=store)
     ckpt = out / CKPT
@@ -440,6 +442,8 @@ def check_run(run: TrainRun) -> None:
         raise ConfigError("--prompt-vocab needs a draft vocabulary: --draft-vocab 0 is the full vocabulary")
     if not 0.0 <= run.distill <= 1.0:
         raise ConfigError(f"--distill must be from 0 (hard labels) to 1 (the target's distribution), got {run.distill}")
+    if not (math.isfinite(run.copy_weight) and run.copy_weight > 0):
+        raise ConfigError(f"--copy-weight must be a positive number, got {run.copy_weight}")
     out = Path(run.out)
     saved_cfg = out / "draft" / "config.json"
     if not (out / CKPT).exists() or not saved_cfg.is_file():

@@ -43,6 +43,7 @@ class OptimConfig:
     bf16_autocast: bool = False
     anchors: str = "uniform"  # or "on-policy": train where chain decoding starts blocks (`blocks`)
     distill: float = 0.0  # weight of the target's soft labels (`TargetTail`); 0: hard labels only
+    copy_weight: float = 1.0  # loss weight of labels that continue a bigram of their context (objective.copy_positions)
 
 
 def target_features(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
@@ -218,7 +219,8 @@ class DraftTrainer:
             self._drawn[0] += nxt.numel()
         self._drawn[1] += anchors.numel()
         ids, pos, labels, weights = objective.block_inputs(
-            input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay)
+            input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay,
+            self.cfg.copy_weight)
         index, prompt_cols = self.columns(input_ids, loss_mask)
         if index is not None:  # columns of the draft vocabulary (and prompt); outside them: no loss
             cols = index[labels]
