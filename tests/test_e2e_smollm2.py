@@ -34,6 +34,7 @@ def test_shipped_draft_metadata(rt):
     meta = rt.draft.metadata
     assert meta.num_target_layers == 30 and max(meta.target_layer_ids) < 30
     assert meta.target_layer_ids == (1, 10, 14, 19, 27) and meta.block_size == 4  # the default run-time block
+    assert meta.hint_ngram == (3, 4)  # a hinted draft since session 49: the runtime fills its blocks' masks
     # it ships inside the wheel (5 layers in bf16, ~39 MB since session 15): keep the package small
     assert (DEFAULT_DRAFT / "model.safetensors").stat().st_size < 48 * 2**20
 
@@ -188,6 +189,7 @@ def test_executorch_export_decodes_like_the_eager_fp32_engine(rt_fp32, tmp_path)
     export_executorch(rt_fp32.target.model, rt_fp32.draft, out, block_size=4, max_context=512,
                       tokenizer=rt_fp32.tokenizer)
     et = DFlashRuntime.load_executorch(out)
+    assert et.orchestrator.drafter.metadata.hint_ngram == rt_fp32.draft.metadata.hint_ngram == (3, 4)  # hinted alike
     ids = chat_ids(rt_fp32.tokenizer, PROMPT)
     eos = rt_fp32.tokenizer.eos_token_id
     for block in (4, 1):

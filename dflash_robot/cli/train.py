@@ -83,6 +83,10 @@ def add_parser(sub: Any) -> None:
                    help="multiply the loss weight of labels that continue a bigram already in their context (the "
                         "tokens an n-gram lookup would propose, where the draft misses most) by this; 1 = the "
                         "paper's objective")
+    t.add_argument("--block-hints", metavar="MIN,MAX",
+                   help="fill each training block's masks with what an n-gram lookup (MIN..MAX tokens, longest "
+                        "first) of its context proposes, and mark the draft so the runtime fills them the same way "
+                        "when it decodes (e.g. 3,4; 'none' drops it; default: the --init draft's setting)")
     t.add_argument("--max-len", type=int_at_least(2), default=512)
     t.add_argument("--no-bf16-autocast", dest="bf16_autocast", action="store_false",
                    help="train in fp32 (fp32 steps measured ~15%% slower than bf16 autocast on the Xeon box, "

@@ -56,6 +56,7 @@ X_VERSION, X_TRAIN_BLOCK, X_LOSS_DECAY, X_NUM_TARGET, X_EMB_SCALE, X_VOCAB, X_DT
     f"{X}.{k}" for k in ("format_version", "training_block_size", "loss_decay", "num_target_layers",
                          "input_embedding_scale", "draft_vocab_size", "torch_dtype", "rope_parameters"))
 X_PROMPT_VOCAB = f"{X}.prompt_vocab"  # bool: DraftMetadata.prompt_vocab
+X_HINT_NGRAM = f"{X}.hint_ngram"  # [min, max] uint32: DraftMetadata.hint_ngram
 
 # z-lab tensor name -> GGUF tensor name (llama.cpp's src/models/dflash.cpp, load_arch_tensors)
 _TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
@@ -195,6 +196,8 @@ def _write_keys(w: gguf.GGUFWriter, draft: DFlashDraft, outtype: str, src_dtype:
         w.add_uint32(X_VOCAB, int(meta.draft_vocab_size))
     if meta.prompt_vocab:
         w.add_bool(X_PROMPT_VOCAB, True)
+    if meta.hint_ngram is not None:
+        w.add_array(X_HINT_NGRAM, [int(n) for n in meta.hint_ngram])
 
 
 def _f32(v: Any) -> float:
@@ -331,6 +334,11 @@ def config_dict(fields: dict[str, Any], source: str, d2t_rows: int | None = None
         if not isinstance(flag, bool):
             raise DraftLoadError(f"{source}: GGUF key {X_PROMPT_VOCAB!r} must be a bool, got {flag!r}")
         dflash["prompt_vocab"] = flag
+    if X_HINT_NGRAM in fields:
+        hint = fields[X_HINT_NGRAM]
+        if not (isinstance(hint, list) and len(hint) == 2 and all(isinstance(n, int) for n in hint)):
+            raise DraftLoadError(f"{source}: GGUF key {X_HINT_NGRAM!r} must be two integers [min, max], got {hint!r}")
+        dflash["hint_ngram"] = hint
     cfg.update(dflash_config=dflash, block_size=dflash["block_size"])
     if X_NUM_TARGET in fields:
         cfg["num_target_layers"] = get(X_NUM_TARGET)

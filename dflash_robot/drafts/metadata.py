@@ -67,6 +67,10 @@ class DraftMetadata:
     prompt_vocab (ours, needs draft_vocab_size): for each request the head also covers the
     prompt's tokens outside the draft vocabulary (the target head's rows for them, appended as
     extra columns), as the draft was trained (`train --prompt-vocab`; docs/TRAINING.md, session 24).
+    hint_ngram (ours): (min, max) n-gram sizes of the lookup whose proposal fills the block's mask
+    positions, as the draft was trained (`train --block-hints`; `objective.hint_blocks`): the
+    runtime looks the last committed n-gram up in the request's own tokens (`runtime/lookup.py`)
+    and puts what followed it after `last`, masks after that. None (z-lab's drafts): masks only.
     """
 
     block_size: int  # default run-time block size (z-lab's `block_size`)
@@ -81,6 +85,7 @@ class DraftMetadata:
     final_logit_softcapping: float | None = None
     draft_vocab_size: int | None = None  # the draft head covers this many target tokens (d2t/t2d); None = all
     prompt_vocab: bool = False  # the head also covers each request's prompt tokens outside the draft vocabulary
+    hint_ngram: tuple[int, int] | None = None  # the block's masks start with an n-gram lookup's proposal
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.training_block_size < 1:
@@ -95,6 +100,14 @@ class DraftMetadata:
         if self.prompt_vocab and self.draft_vocab_size is None:
             raise ConfigError("prompt_vocab needs a draft vocabulary (draft_vocab_size): a full-vocabulary "
                               "head already covers every prompt token")
+        if self.hint_ngram is not None:
+            h = self.hint_ngram
+            if isinstance(h, list):  # as JSON and GGUF arrays carry it
+                h = tuple(h)
+                object.__setattr__(self, "hint_ngram", h)
+            if not (isinstance(h, tuple) and len(h) == 2 and all(isinstance(n, int) and not isinstance(n, bool)
+                                                                  for n in h) and 1 <= h[0] <= h[1]):
+                raise ConfigError(f"hint_ngram must be two integers [min, max] with 1 <= min <= max, got {h!r}")
 
     @classmethod
     def from_config_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> DraftMetadata:
@@ -122,6 +135,9 @@ class DraftMetadata:
         block_size = int(pick("block_size", 16))
         train_bs = int(pick("training_block_size", block_size))
         softcap = pick("final_logit_softcapping")
+        hint = pick("hint_ngram")
+        if hint is not None and not isinstance(hint, list):
+            raise ConfigError(f"{source}: dflash_config.hint_ngram must be a list [min, max], got {hint!r}")
         return cls(
             block_size=block_size,
             mask_token_id=int(mask),
@@ -135,6 +151,7 @@ class DraftMetadata:
             final_logit_softcapping=None if softcap is None else float(softcap),
             draft_vocab_size=None if pick("draft_vocab_size") is None else int(pick("draft_vocab_size")),
             prompt_vocab=_flag(pick("prompt_vocab", False), "prompt_vocab", source),
+            hint_ngram=hint,  # type: ignore[arg-type]  # a list: checked and made a tuple in __post_init__
         )
 
     def to_config_entries(self) -> dict[str, Any]:
@@ -156,6 +173,8 @@ class DraftMetadata:
             dflash["draft_vocab_size"] = self.draft_vocab_size
         if self.prompt_vocab:
             dflash["prompt_vocab"] = True
+        if self.hint_ngram is not None:
+            dflash["hint_ngram"] = list(self.hint_ngram)
         return {"block_size": self.block_size, "num_target_layers": self.num_target_layers,
                 "dflash_config": dflash}
 

@@ -127,6 +127,7 @@ class ExecuTorchDraft:
         # the program runs exactly q positions: the block sizes it can draft are 1..q
         d["training_block_size"] = min(int(d["training_block_size"]), self.block)
         d["block_size"] = min(int(d["block_size"]), self.block)
+        d.setdefault("hint_ngram", None)  # a manifest from before hinted drafts
         d["prompt_vocab"] = False  # the program's head is fixed: a request's prompt columns are not added
         self.metadata = DraftMetadata(**d)
         self.vocab_ids = None if ids is None else torch.tensor(ids, dtype=torch.long)

@@ -18,6 +18,8 @@ path's cache entries; the transfer in step 4 then also carries the path.
 With `lookup_tokens`, step 1 also looks the last committed n-gram up in the request's own tokens
 (on the host, where step 4 brought them; `lookup.py`) and adds what followed it as one more tree
 branch, so that iteration verifies and commits as a tree.
+A hinted draft (`DraftMetadata.hint_ngram`, trained so: `train --block-hints`) has the block's
+masks in step 1 start with its own n-gram lookup's proposal, looked up the same way.
 """
 
 from __future__ import annotations
@@ -140,7 +142,11 @@ class RuntimeOrchestrator:
         if done:
             return
         tokens = None
-        if lookup is not None:
+        hinter = None
+        if tap is not None and self.drafter is not None and self.drafter.metadata.hint_ngram is not None:
+            lo, hi = self.drafter.metadata.hint_ngram
+            hinter = NgramLookup(hi, lo)
+        if lookup is not None or hinter is not None:
             tokens = TokenHistory(ids, cfg.max_new_tokens)
             tokens.extend([first_id])
         features = out.features
@@ -152,12 +158,15 @@ class RuntimeOrchestrator:
             q = min(self._checked_block_size(policy, history), remaining + 1)
             strategy = strategies[policy.next_tree_budget()] if plans_trees else strategies[0]  # type: ignore[attr-defined]
             t_start = time.perf_counter()
-            branch = None
-            if tokens is not None and q > 1:  # on the host: the committed tokens came back last step
+            branch = hint = None
+            if lookup is not None and q > 1:  # on the host: the committed tokens came back last step
                 # a branch may be deeper than the draft's block, not than the token budget
                 found = lookup.propose(tokens.view(), min(cfg.lookup_tokens, remaining))  # type: ignore[union-attr]
                 branch = found.to(tgt.device, non_blocking=True) if found.numel() else None
-            proposal = strategy.propose(last, features, q, sampling, gen, branch)
+            if hinter is not None and q > 1:
+                found = hinter.propose(tokens.view(), q - 1)  # type: ignore[union-attr]
+                hint = found if found.numel() else None
+            proposal = strategy.propose(last, features, q, sampling, gen, branch, hint)
             t_draft = time.perf_counter()
             snap = tgt.snapshot()
             vout = strategy.verify(tgt, proposal, tap, cfg.verify_mode == "sequential")

@@ -49,23 +49,28 @@ class ChainStrategy:
         self.vocab_size = vocab_size
         self.mask_id = drafter.metadata.mask_token_id if drafter is not None else 0
 
-    def _draft_logits(self, last: torch.Tensor, features: torch.Tensor | None, q: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft_logits(self, last: torch.Tensor, features: torch.Tensor | None, q: int,
+                      hint: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The one draft forward of an iteration: -> (block [q] = [last, mask...], logits [q-1, V]
-        or [q-1, N] over the draft's `vocab_ids`, on the draft's side)."""
+        or [q-1, N] over the draft's `vocab_ids`, on the draft's side). A `hint` [h <= q-1] (a
+        hinted draft's lookup tokens, `DraftMetadata.hint_ngram`) takes the first h mask positions."""
         assert self.drafter is not None and features is not None
         block = torch.full((q,), self.mask_id, dtype=torch.long, device=last.device)
         block[:1] = last
+        if hint is not None and hint.numel():
+            block[1:1 + hint.numel()] = hint[:q - 1].to(block.device, non_blocking=True)
         return block, self.drafter.propose(features, block)
 
     def propose(self, last: torch.Tensor, features: torch.Tensor | None, q: int,
-                sampling: SamplingConfig, gen: torch.Generator, branch: torch.Tensor | None = None) -> Proposal:
+                sampling: SamplingConfig, gen: torch.Generator, branch: torch.Tensor | None = None,
+                hint: torch.Tensor | None = None) -> Proposal:
         """-> block [q] = [last, d_1..d_{q-1}], and the draft probs [q-1, V] when sampling. With a
         `branch` [L >= 1] (lookup tokens, on the target's side): a tree of the draft's argmax
-        chain and the branch, greedy or sampling alike (tree acceptance draws from the target)."""
+        chain and the branch, greedy or sampling alike (tree acceptance draws from the target).
+        `hint`: the draft's own block inputs after `last` (`_draft_logits`), drafted over."""
         if q == 1:
             return Proposal(last)
-        block, logits = self._draft_logits(last, features, q)
+        block, logits = self._draft_logits(last, features, q, hint)
         ids = self.drafter.vocab_ids  # type: ignore[union-attr]  # [N] or None
         if sampling.greedy or branch is not None:
             drafted = logits.argmax(dim=-1)
@@ -142,10 +147,11 @@ class TreeStrategy(ChainStrategy):
         self.topk = budget if topk is None else topk
 
     def propose(self, last: torch.Tensor, features: torch.Tensor | None, q: int,
-                sampling: SamplingConfig, gen: torch.Generator, branch: torch.Tensor | None = None) -> Proposal:
+                sampling: SamplingConfig, gen: torch.Generator, branch: torch.Tensor | None = None,
+                hint: torch.Tensor | None = None) -> Proposal:
         if q == 1:
             return Proposal(last)
-        _, logits = self._draft_logits(last, features, q)
+        _, logits = self._draft_logits(last, features, q, hint)
         logprobs = F.log_softmax(logits.float(), dim=-1)
         ids = self.drafter.vocab_ids  # type: ignore[union-attr]
         tree = build_tree(last.to(logprobs.device), logprobs, self.budget, self.topk,

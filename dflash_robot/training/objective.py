@@ -8,6 +8,9 @@ For one sequence of S tokens with target features F [S, n*H]:
 - token i >= 1 of block j predicts x_{a_j+i}, with weight exp(-(i-1)/gamma), zero past
   the sequence end or on non-response tokens (optionally scaled up where the label copies the
   context: `copy_positions`, our addition, not the paper's).
+With a `hints` lookup (our addition, `DraftMetadata.hint_ngram`) the mask tokens of block j start
+with what an n-gram lookup of x_0 .. x_{a_j} proposes (`runtime/lookup.py`), exactly as decoding
+fills them: the draft learns to keep a hint the context supports and to replace one it does not.
 All blocks of a sequence are trained in parallel in one forward.
 """
 
@@ -17,6 +20,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from dflash_robot.runtime.lookup import NgramLookup
 
 
 def loss_weights(block_size: int, gamma: float) -> torch.Tensor:
@@ -83,11 +88,29 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Te
     return torch.cat([ctx_visible, same_block], dim=1)
 
 
+def hint_blocks(block_ids: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                hints: NgramLookup) -> torch.Tensor:
+    """block_ids [N*q] (`[x_a, mask...]` per anchor) -> the same with each block's positions 1.. filled
+    by `hints.propose(x_0 .. x_a, q - 1)`: what the runtime puts there when it decodes from anchor a
+    (the prompt and every committed token, the last one included; nothing after it). A block without
+    a match keeps its masks."""
+    out = block_ids.clone()
+    q = block_size
+    cpu = input_ids.cpu()
+    for j, a in enumerate(anchors.tolist()):
+        found = hints.propose(cpu[:a + 1], q - 1)
+        if found.numel():
+            out[j * q + 1:j * q + 1 + found.numel()] = found.to(out.device)
+    return out
+
+
 def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
-                 block_size: int, mask_token_id: int, gamma: float, copy_weight: float = 1.0
+                 block_size: int, mask_token_id: int, gamma: float, copy_weight: float = 1.0,
+                 hints: NgramLookup | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> block_ids [N*q], positions [N*q], labels [N*q], weights [N*q]. With `copy_weight` != 1 a
-    label that continues a bigram of its context (`copy_positions`) has its weight multiplied by it."""
+    label that continues a bigram of its context (`copy_positions`) has its weight multiplied by it;
+    with `hints` the masks start with the lookup's proposal (`hint_blocks`)."""
     q, s = block_size, input_ids.shape[0]
     offs = torch.arange(q, device=input_ids.device)
     pos = (anchors[:, None] + offs[None, :]).reshape(-1)  # [N*q]
@@ -96,6 +119,8 @@ def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     labels = torch.where(inside, input_ids[safe], torch.zeros_like(safe))
     block_ids = torch.full_like(pos, mask_token_id)
     block_ids[offs.repeat(anchors.shape[0]) == 0] = input_ids[anchors]
+    if hints is not None:
+        block_ids = hint_blocks(block_ids, input_ids, anchors, q, hints)
     w = loss_weights(q, gamma).to(input_ids.device).repeat(anchors.shape[0])
     weights = w * inside * loss_mask[safe]
     if copy_weight != 1.0:

@@ -74,6 +74,7 @@ class TrainRun:
     anchors: str = "uniform"  # or "on-policy" (DraftTrainer.blocks)
     distill: float = 0.0  # weight of the target's soft labels (trainer.TargetTail); 0: hard labels only
     copy_weight: float = 1.0  # loss weight of labels that continue a bigram of their context
+    block_hints: str | None = None  # "MIN,MAX": masks start with a lookup's proposal; "none"; None: the --init draft's
     max_len: int = 512
     bf16_autocast: bool = True
     cache_features: bool = False
@@ -298,10 +299,27 @@ def _make_draft(run: TrainRun, model: Any, tok: Any, train: list, pool: list) ->
             raise ConfigError("--prompt-vocab needs a draft vocabulary (--draft-vocab N, or an --init draft with one)")
         draft.metadata = replace(draft.metadata, prompt_vocab=True)
         info["prompt_vocab_coverage"] = _covered(train, draft, with_prompt=True)
+    hint = parse_block_hints(run.block_hints) if run.block_hints is not None else (
+        src.metadata.hint_ngram if src is not None else None)
+    if hint is not None:
+        draft.metadata = replace(draft.metadata, hint_ngram=hint)
     notes = initialise(draft, model, run.init)
     if notes:
         info["grown_from_init" if run.init.startswith("draft:") else "kept_random_init"] = notes
     return draft, info
+
+
+def parse_block_hints(spec: str) -> tuple[int, int] | None:
+    """`--block-hints`: "MIN,MAX" n-gram sizes (e.g. "3,4") -> (min, max); "none" -> None."""
+    if spec.strip().lower() == "none":
+        return None
+    try:
+        lo, hi = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise ConfigError(f"--block-hints: expected MIN,MAX n-gram sizes (e.g. 3,4) or none, got {spec!r}") from None
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"--block-hints {spec}: the sizes need 1 <= MIN <= MAX")
+    return lo, hi
 
 
 def _covered(samples: list, draft: DFlashDraft, with_prompt: bool = False) -> float:
@@ -444,6 +462,8 @@ def check_run(run: TrainRun) -> None:
         raise ConfigError(f"--distill must be from 0 (hard labels) to 1 (the target's distribution), got {run.distill}")
     if not (math.isfinite(run.copy_weight) and run.copy_weight > 0):
         raise ConfigError(f"--copy-weight must be a positive number, got {run.copy_weight}")
+    if run.block_hints is not None:
+        parse_block_hints(run.block_hints)
     out = Path(run.out)
     saved_cfg = out / "draft" / "config.json"
     if not (out / CKPT).exists() or not saved_cfg.is_file():
@@ -463,6 +483,10 @@ def check_run(run: TrainRun) -> None:
         if run.prompt_vocab is not None:
             saved["--prompt-vocab"] = bool(d.get("prompt_vocab", False))
             asked["--prompt-vocab"] = run.prompt_vocab
+        if run.block_hints is not None:
+            saved["--block-hints"] = d.get("hint_ngram")
+            hint = parse_block_hints(run.block_hints)
+            asked["--block-hints"] = None if hint is None else list(hint)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{saved_cfg}: unreadable draft config beside the checkpoint ({e})") from e
     wrong = [f"{k} {asked[k]} (its draft: {saved[k]})" for k in asked if asked[k] != saved[k]]

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_robot.drafts.model import DFlashDraft
+from dflash_robot.runtime.lookup import NgramLookup
 from dflash_robot.training import objective
 
 
@@ -146,6 +147,7 @@ class DraftTrainer:
         self.shape_quantum = 64
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
         self._drawn = [0, 0]  # anchors drawn on-policy, all anchors drawn (this step)
+        self._hints: NgramLookup | None = None
         self.teacher = TargetTail(target, draft.metadata.target_layer_ids) if cfg.distill > 0 else None
         self._index_labels()
 
@@ -157,6 +159,17 @@ class DraftTrainer:
             dev = self.device
             self.label_index = torch.full((self.embed.shape[0],), -1, dtype=torch.long, device=dev)
             self.label_index[ids.to(dev)] = torch.arange(ids.shape[0], device=dev)
+
+    @property
+    def hints(self) -> NgramLookup | None:
+        """The lookup whose proposal fills the blocks' masks, for a draft marked so
+        (`DraftMetadata.hint_ngram`), in training and in the chain replay as in decoding."""
+        h = self.draft.metadata.hint_ngram
+        if h is None:
+            return None
+        if self._hints is None or (self._hints.min_ngram, self._hints.max_ngram) != h:
+            self._hints = NgramLookup(h[1], h[0])
+        return self._hints
 
     @property
     def device(self) -> torch.device:
@@ -220,7 +233,7 @@ class DraftTrainer:
         self._drawn[1] += anchors.numel()
         ids, pos, labels, weights = objective.block_inputs(
             input_ids, loss_mask, anchors, meta.training_block_size, meta.mask_token_id, meta.loss_decay,
-            self.cfg.copy_weight)
+            self.cfg.copy_weight, self.hints)
         index, prompt_cols = self.columns(input_ids, loss_mask)
         if index is not None:  # columns of the draft vocabulary (and prompt); outside them: no loss
             cols = index[labels]
@@ -344,7 +357,7 @@ class DraftTrainer:
         # other; their runs are dropped)
         anchors = pad_rows(anchors, max(1, self.shape_quantum // 4), fill=anchors[-1:])
         ids, pos, labels, _ = objective.block_inputs(input_ids, loss_mask, anchors, q, meta.mask_token_id,
-                                                     meta.loss_decay)
+                                                     meta.loss_decay, hints=self.hints)
         index, extra = self.columns(input_ids, loss_mask)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             hidden = self.block_states(self.draft, feats, ids, pos, anchors, q)  # not the DDP wrapper
