@@ -147,7 +147,6 @@ class DraftTrainer:
         self.shape_quantum = 64
         self.label_index: torch.Tensor | None = None  # [V] -> draft-vocab column, -1 outside it
         self._drawn = [0, 0]  # anchors drawn on-policy, all anchors drawn (this step)
-        self._hints: NgramLookup | None = None
         self.teacher = TargetTail(target, draft.metadata.target_layer_ids) if cfg.distill > 0 else None
         self._index_labels()
 
@@ -165,11 +164,7 @@ class DraftTrainer:
         """The lookup whose proposal fills the blocks' masks, for a draft marked so
         (`DraftMetadata.hint_ngram`), in training and in the chain replay as in decoding."""
         h = self.draft.metadata.hint_ngram
-        if h is None:
-            return None
-        if self._hints is None or (self._hints.min_ngram, self._hints.max_ngram) != h:
-            self._hints = NgramLookup(h[1], h[0])
-        return self._hints
+        return None if h is None else NgramLookup(h[1], h[0])
 
     @property
     def device(self) -> torch.device:
